@@ -1,0 +1,255 @@
+// tiny-qwen3: train the walkthrough's Qwen3 and check checkpoints.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/common.h"
+#include "cpu/layers.h"
+#include "io/checkpoint.h"
+#include "model/init.h"
+#include "model/qwen3.h"
+#include "ref/model.h"
+
+namespace tq {
+namespace {
+
+struct TrainArgs {
+  std::string backend = "cpu", preset = "debugmodel", dtype = "bfloat16", output;
+  std::string dump_first_step;
+  int64_t seq_len = 32, batch_size = 1, seed = 0, steps = 20;
+  double lr = 0.05;
+  int threads = 0;
+};
+
+std::string with_commas(int64_t v) {
+  std::string s = std::to_string(v), r;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i && (s.size() - i) % 3 == 0) r += ',';
+    r += s[i];
+  }
+  return r;
+}
+
+std::string cpu_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512bf16")) return "avx512_bf16";
+  if (__builtin_cpu_supports("avx512f")) return "avx512";
+  if (__builtin_cpu_supports("avx2")) return "avx2";
+  return "sse";
+}
+
+double available_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  double kb;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return INFINITY;
+}
+
+int default_threads() {
+  const unsigned n = std::thread::hardware_concurrency();
+  return n ? int(n) : 1;
+}
+
+// Where a failed run's checkpoint goes: tiny-qwen3.pt -> tiny-qwen3.FAILED.pt
+std::string failed_name(const std::string& path) {
+  const size_t slash = path.rfind('/'), dot = path.rfind('.');
+  if (dot != std::string::npos && (slash == std::string::npos || dot > slash))
+    return path.substr(0, dot) + ".FAILED" + path.substr(dot);
+  return path + ".FAILED";
+}
+
+void validate(const TrainArgs& a) {
+  if (a.backend != "cpu")
+    throw Error("unknown backend '" + a.backend + "' (this build has: cpu)");
+  const Config& c = preset(a.preset);
+  parse_dtype(a.dtype);
+  if (a.seq_len < 1 || a.seq_len > c.max_ctx)
+    throw Error("--seq-len must be in 1.." + std::to_string(c.max_ctx) + " for " + c.name + ", got " +
+                std::to_string(a.seq_len));
+  if (a.batch_size < 1 || a.batch_size > 1 << 20)
+    throw Error("--batch-size must be at least 1, got " + std::to_string(a.batch_size));
+  if (a.steps < 1 || a.steps > 100000000)
+    throw Error("--steps must be at least 1, got " + std::to_string(a.steps));
+  if (a.seed < 0) throw Error("--seed must be non-negative, got " + std::to_string(a.seed));
+  if (!std::isfinite(a.lr) || a.lr <= 0)
+    throw Error("--learning-rate must be a positive number, got " + std::to_string(a.lr));
+  if (a.threads < 0 || a.threads > 4096)
+    throw Error("--threads must be in 1..4096, got " + std::to_string(a.threads));
+  for (const std::string& out : {a.output, a.dump_first_step}) {
+    if (out.empty()) continue;
+    const size_t slash = out.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : out.substr(0, slash + 1);
+    if (access(dir.c_str(), W_OK) != 0) throw Error("cannot write to folder " + dir + " of " + out);
+  }
+  const MemoryPlan plan = memory_plan(c, a.batch_size, a.seq_len);
+  // + one host fp32 copy of the parameters for init and checkpointing
+  const double need = double(plan.total() + plan.params), have = available_memory_bytes();
+  if (need > have)
+    throw Error(c.name + " at B=" + std::to_string(a.batch_size) + ", T=" + std::to_string(a.seq_len) +
+                " needs " + std::to_string(need / (1 << 30)) + " GiB, only " +
+                std::to_string(have / (1 << 30)) + " GiB available");
+}
+
+// Dumps the initial parameters, the first step's gradients and its loss (parity tests).
+void dump_first_step(const std::string& path, const Config& c, const std::vector<float>& params,
+                     const std::vector<float>& grads, double loss) {
+  PtWriter w;
+  const ParamLayout layout = make_layout(c);
+  ValuePtr root = v_dict();
+  dict_set(*root, "params", state_dict(w, c, layout, params.data(), DType::f32));
+  dict_set(*root, "grads", state_dict(w, c, layout, grads.data(), DType::f32));
+  dict_set(*root, "loss", v_float(loss));
+  w.save(path, *root);
+}
+
+int train(const TrainArgs& a) {
+  validate(a);
+  const Config& c = preset(a.preset);
+  const DType dtype = parse_dtype(a.dtype);
+  const int nthreads = a.threads ? a.threads : default_threads();
+  cpu::set_threads(nthreads);
+  std::printf("device: CPU(threads=%d, %s)\n", nthreads, cpu_isa().c_str());
+  const ParamLayout layout = make_layout(c);
+  std::printf("parameters: %s\n", with_commas(int64_t(layout.total)).c_str());
+  std::fflush(stdout);
+
+  std::vector<float> host(layout.total);
+  init_params(host.data(), c, layout, uint64_t(a.seed));
+  Qwen3 model(c, dtype, a.batch_size, a.seq_len, cpu_ops());
+  model.set_params(host.data());
+  const Batch batch = fixed_batch(a.batch_size, a.seq_len, c.V);
+
+  TrainRecord rec;
+  rec.seq_len = a.seq_len, rec.seed = a.seed, rec.learning_rate = a.lr;
+  std::vector<double> ms;
+  std::string failure;
+  for (int64_t s = 1; s <= a.steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double loss = model.forward(batch);
+    if (!std::isfinite(loss)) {
+      failure = "loss is not finite at step " + std::to_string(s);
+      std::printf("step %02lld: loss=%f\n", (long long)s, loss);
+      break;
+    }
+    model.backward();
+    if (s == 1 && !a.dump_first_step.empty()) {
+      std::vector<float> grads(layout.total);
+      model.get_grads(grads.data());
+      dump_first_step(a.dump_first_step, c, host, grads, loss);
+    }
+    model.sgd_update(float(a.lr));
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    rec.losses.push_back(loss);
+    rec.steps = s;
+    std::printf("step %02lld: loss=%.6f  (%.1f ms)\n", (long long)s, loss, ms.back());
+    std::fflush(stdout);
+  }
+  rec.initial_loss = rec.losses.empty() ? NAN : rec.losses.front();
+  rec.final_loss = model.forward(batch);
+  if (failure.empty()) {
+    std::printf("final loss: %.6f\n", rec.final_loss);
+    if (!std::isfinite(rec.final_loss)) failure = "final loss is not finite";
+    else if (!(rec.final_loss < rec.initial_loss))
+      failure = "final loss " + std::to_string(rec.final_loss) + " is not below the first " +
+                std::to_string(rec.initial_loss);
+  }
+  if (!ms.empty()) {
+    std::vector<double> sorted = ms;
+    std::sort(sorted.begin(), sorted.end());
+    const double med = sorted[sorted.size() / 2];
+    const double tokens = double(a.batch_size * a.seq_len);
+    // TorchTitan's count: 6N + 6 L H (2D) T per token (spec §10)
+    const double flops = tokens * (6.0 * layout.total + 6.0 * c.L * c.H * 2 * c.D * a.seq_len);
+    std::printf("speed: median step %.1f ms, %.0f tokens/s, %.1f GFLOP/s\n", med,
+                tokens / med * 1e3, flops / med * 1e-6);
+  }
+  model.get_params(host.data());
+  const std::string out = failure.empty() ? a.output : failed_name(a.output);
+  save_checkpoint(out, c, host.data(), dtype, rec);
+  std::printf("checkpoint: %s\n", out.c_str());
+  if (!failure.empty()) {
+    std::printf("training: FAILED: %s\n", failure.c_str());
+    return 1;
+  }
+  std::printf("training: ok\n");
+  return 0;
+}
+
+int check(const std::string& path, int threads) {
+  cpu::set_threads(threads ? threads : default_threads());
+  const Checkpoint ck = load_checkpoint(path);
+  const Config& c = preset(ck.preset);
+  const Batch batch = fixed_batch(1, ck.rec.seq_len, c.V);
+  int64_t correct = 0;
+  const double loss = ref::model_loss(c, ck.params.data(), batch, &correct);
+  std::printf("preset: %s, dtype: %s, seq_len: %lld\n", c.name.c_str(), dtype_name(ck.dtype),
+              (long long)ck.rec.seq_len);
+  std::printf("CPU checkpoint loss: %.6f\n", loss);
+  std::printf("correct next tokens: %lld/%lld\n", (long long)correct, (long long)batch.T);
+  const double tol = 1e-2 + 1e-2 * std::fabs(ck.rec.final_loss);
+  if (std::isfinite(loss) && std::fabs(loss - ck.rec.final_loss) <= tol) {
+    std::printf("PASS: checkpoint loss matches the saved final loss within tolerance\n");
+    return 0;
+  }
+  std::printf("FAIL: checkpoint loss %.6f differs from the saved final loss %.6f (rtol=atol=1e-2)\n",
+              loss, ck.rec.final_loss);
+  return 1;
+}
+
+}  // namespace
+}  // namespace tq
+
+int main(int argc, char** argv) {
+  using namespace tq;
+  CLI::App app{"tiny-qwen3: train TorchTitan's Qwen3 in C++ and check PyTorch checkpoints"};
+  app.require_subcommand(1);
+  TrainArgs a;
+  CLI::App* tr = app.add_subcommand("train", "train on the walkthrough's fixed batch with SGD");
+  tr->add_option("--backend", a.backend, "cpu")->capture_default_str();
+  tr->add_option("--preset", a.preset, "debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B")->capture_default_str();
+  tr->add_option("--seq-len", a.seq_len, "tokens per sequence (T)")->capture_default_str();
+  tr->add_option("--batch-size", a.batch_size, "sequences per step (B); repeats the fixed batch")->capture_default_str();
+  tr->add_option("--seed", a.seed, "torch.manual_seed for the initialization")->capture_default_str();
+  tr->add_option("--steps", a.steps, "SGD steps")->capture_default_str();
+  tr->add_option("--learning-rate", a.lr, "SGD learning rate")->capture_default_str();
+  tr->add_option("--dtype", a.dtype, "parameter dtype: bfloat16 or float32")->capture_default_str();
+  tr->add_option("--threads", a.threads, "CPU threads (default: all cores)");
+  tr->add_option("--output", a.output, "checkpoint path (.pt)")->required();
+  tr->add_option("--dump-first-step", a.dump_first_step,
+                 "also save initial params, first-step grads and loss (.pt) for parity tests");
+  std::string ckpath;
+  int check_threads = 0;
+  CLI::App* ck = app.add_subcommand("check", "evaluate a checkpoint in fp32 on the fixed batch");
+  ck->add_option("checkpoint", ckpath, "checkpoint path (.pt)")->required();
+  ck->add_option("--threads", check_threads, "CPU threads (default: all cores)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "error: %s (see tiny-qwen3 --help)\n", e.what());
+    return 2;
+  }
+  try {
+    if (tr->parsed()) return train(a);
+    return check(ckpath, check_threads);
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of memory\n");
+    return 2;
+  }
+}

@@ -1,0 +1,35 @@
+// Shared basics: the error type every bad input becomes, and bf16 conversion.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace tq {
+
+// Bad input (flags, files, shapes). The CLI prints what() as one line and exits 2.
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// bf16 is the top half of an fp32; rounding is to nearest even, NaN stays NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+enum class DType { f32, bf16 };
+DType parse_dtype(const std::string& s);  // "float32" | "bfloat16", else Error
+const char* dtype_name(DType t);
+
+}  // namespace tq

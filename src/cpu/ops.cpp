@@ -1,0 +1,68 @@
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/common.h"
+#include "cpu/layers.h"
+#include "model/ops.h"
+
+namespace tq {
+namespace {
+
+float* host_alloc(size_t n) {
+  void* p = nullptr;
+  if (posix_memalign(&p, 64, std::max<size_t>(n, 1) * sizeof(float)) != 0) throw std::bad_alloc();
+  std::memset(p, 0, n * sizeof(float));
+  return static_cast<float*>(p);
+}
+void host_release(float* p) { std::free(p); }
+void host_zero(float* p, int64_t n) { std::memset(p, 0, n * sizeof(float)); }
+void host_copy(float* d, const float* s, int64_t n) { std::memcpy(d, s, n * sizeof(float)); }
+
+void sgd_update(float* w, const float* g, int64_t n, float lr, bool bf16) {
+  if (!bf16) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) w[i] -= lr * g[i];
+    return;
+  }
+  // optax: p + (-lr * g), every operand and result in bf16 (lr is a weak-typed scalar)
+  const float step = round_bf16(-lr);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) w[i] = round_bf16(w[i] + round_bf16(step * g[i]));
+}
+
+}  // namespace
+
+const Ops& cpu_ops() {
+  static const Ops ops = {
+      "cpu",
+      host_alloc,
+      host_release,
+      host_zero,
+      host_copy,
+      host_copy,
+      host_copy,
+      cpu::embedding_forward,
+      cpu::embedding_backward,
+      cpu::rmsnorm_forward,
+      cpu::rmsnorm_backward,
+      cpu::matmul_forward,
+      cpu::matmul_backward,
+      cpu::qkv_split_forward,
+      cpu::qkv_split_backward,
+      cpu::rope_forward,
+      cpu::rope_backward,
+      cpu::attention_forward,
+      cpu::attention_backward,
+      cpu::swiglu_forward,
+      cpu::swiglu_backward,
+      cpu::crossentropy_forward,
+      cpu::crossentropy_backward,
+      cpu::add_inplace,
+      cpu::round_bf16_inplace,
+      sgd_update,
+  };
+  return ops;
+}
+
+}  // namespace tq

@@ -1,0 +1,60 @@
+// tiny-qwen3 checkpoints: real PyTorch .pt files (zip + pickle protocol 2).
+// {"model": state_dict (TorchTitan's split-qkv key names, tied weight stored once),
+//  "config": {"preset", "seq_len", "seed"}, "steps", "learning_rate", "initial_loss",
+//  "final_loss", "dtype", "losses", "format"}
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/common.h"
+#include "io/pickle.h"
+#include "model/config.h"
+
+namespace tq {
+
+constexpr const char* kCheckpointFormat = "tiny-qwen3/1";
+
+// Low level: collects storages, then writes data.pkl and one record per storage.
+class PtWriter {
+ public:
+  // A storage of numel elements of `storage` class; fill(buf) writes its bytes when saved.
+  TensorRef add_storage(const std::string& storage, int64_t numel,
+                        std::function<void(uint8_t*)> fill);
+  void save(const std::string& path, const Value& root);  // atomic
+
+ private:
+  struct Pending {
+    std::string key, storage;
+    int64_t numel;
+    std::function<void(uint8_t*)> fill;
+  };
+  std::vector<Pending> storages_;
+};
+
+// Contiguous view of a whole storage with the given shape.
+TensorRef full_view(TensorRef storage, std::vector<int64_t> shape);
+
+struct TrainRecord {
+  int64_t seq_len = 0, seed = 0, steps = 0;
+  double learning_rate = 0, initial_loss = 0, final_loss = 0;
+  std::vector<double> losses;
+};
+
+// The state dict of params (fp32 arena in make_layout order) in the given dtype.
+ValuePtr state_dict(PtWriter& w, const Config& cfg, const ParamLayout& layout, const float* params,
+                    DType dtype);
+void save_checkpoint(const std::string& path, const Config& cfg, const float* params, DType dtype,
+                     const TrainRecord& rec);
+
+struct Checkpoint {
+  std::string preset;
+  DType dtype = DType::f32;
+  TrainRecord rec;
+  std::vector<float> params;  // make_layout(preset(preset)) order, fp32
+};
+// Error (one line, naming the problem) for anything missing, malformed or mismatched.
+Checkpoint load_checkpoint(const std::string& path);
+
+}  // namespace tq

@@ -1,0 +1,41 @@
+// Files: read-only mapping with bounds-checked access, and atomic writes
+// (temporary name, fsync, rename) so a crash never leaves a half-written file.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace tq {
+
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);  // Error if missing/unreadable
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+class AtomicFile {
+ public:
+  explicit AtomicFile(const std::string& path);  // opens path + ".tmp.<pid>"
+  ~AtomicFile();                                 // removes the temporary unless committed
+  void write(const void* p, size_t n);           // Error on a short write (disk full)
+  uint64_t offset() const { return offset_; }
+  void commit();  // flush, fsync, rename over path, fsync the folder
+
+ private:
+  std::string path_, tmp_;
+  FILE* f_ = nullptr;
+  uint64_t offset_ = 0;
+};
+
+}  // namespace tq

@@ -1,0 +1,74 @@
+#include "model/init.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace tq {
+
+// torch's normal_fill_16: Box-Muller on 16 uniforms, cos half first.
+static void normal_fill_16(float* data, float std) {
+  for (int j = 0; j < 8; ++j) {
+    const float u1 = 1.0f - data[j];
+    const float u2 = data[j + 8];
+    const float radius = std::sqrt(-2.0f * std::log(u1));
+    const float theta = static_cast<float>(2.0 * M_PI * static_cast<double>(u2));
+    data[j] = radius * std::cos(theta) * std;
+    data[j + 8] = radius * std::sin(theta) * std;
+  }
+}
+
+void TorchRng::normal(float* out, size_t n, float std) {
+  for (size_t i = 0; i < n; ++i) out[i] = uniform();
+  for (size_t i = 0; i + 16 <= n; i += 16) normal_fill_16(out + i, std);
+  if (n % 16 != 0) {  // torch redraws the last 16 values
+    float* tail = out + n - 16;
+    for (int i = 0; i < 16; ++i) tail[i] = uniform();
+    normal_fill_16(tail, std);
+  }
+}
+
+void init_params(float* params, const Config& c, const ParamLayout& p, uint64_t seed) {
+  TorchRng rng(seed);
+  const uint64_t CV = c.C * c.V, QKV = c.qkv_rows() * c.C, HD = c.H * c.D;
+  // Constructor draws: nn.Embedding normal_ (one uniform each), each nn.Linear's
+  // kaiming_uniform_ (one each): wqkv, wo, w1, w2, w3 per layer, then lm_head.
+  const uint64_t per_layer = QKV + c.C * HD + 3 * c.F * c.C;
+  rng.skip(CV + c.L * per_layer + CV);
+
+  const float std = 0.02f;
+  auto ones = [&](size_t off, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) params[off + i] = 1.0f;
+  };
+  if (!c.tied) rng.normal(params + p.tok_emb, CV, std);
+  std::vector<float> q(HD * c.C), k(c.KVH * c.D * c.C), v(k.size());
+  const int64_t G = c.H / c.KVH;
+  for (int64_t l = 0; l < c.L; ++l) {
+    const ParamLayout::Layer& ly = p.layers[l];
+    rng.normal(q.data(), q.size(), std);
+    rng.normal(k.data(), k.size(), std);
+    rng.normal(v.data(), v.size(), std);
+    // interleave into the fused layout: per kv group, G query heads, then k, then v
+    float* w = params + ly.wqkv;
+    const size_t head = c.D * c.C;
+    for (int64_t g = 0; g < c.KVH; ++g) {
+      float* blk = w + g * (G + 2) * head;
+      for (int64_t s = 0; s < G; ++s)
+        std::copy_n(q.data() + (g * G + s) * head, head, blk + s * head);
+      std::copy_n(k.data() + g * head, head, blk + G * head);
+      std::copy_n(v.data() + g * head, head, blk + (G + 1) * head);
+    }
+    rng.normal(params + ly.wo, c.C * HD, std);
+    ones(ly.q_norm, c.D);
+    ones(ly.k_norm, c.D);
+    rng.normal(params + ly.w1, c.F * c.C, std);
+    rng.normal(params + ly.w2, c.C * c.F, std);
+    rng.normal(params + ly.w3, c.F * c.C, std);
+    ones(ly.attn_norm, c.C);
+    ones(ly.ffn_norm, c.C);
+  }
+  ones(p.norm, c.C);
+  rng.normal(params + p.lm_head, CV, std);
+}
+
+}  // namespace tq

@@ -1,0 +1,29 @@
+// PyTorch-compatible initialization: torch.manual_seed semantics on the CPU generator
+// (MT19937, torch's fp32 uniform and normal_ algorithms), then TorchTitan's init order (spec §9).
+#pragma once
+#include <cstdint>
+#include <random>
+
+#include "model/config.h"
+
+namespace tq {
+
+// torch's CPU default generator after torch.manual_seed(seed).
+class TorchRng {
+ public:
+  explicit TorchRng(uint64_t seed) : mt_(static_cast<uint32_t>(seed)) {}
+  uint32_t next_u32() { return static_cast<uint32_t>(mt_()); }
+  float uniform() { return static_cast<float>(next_u32() & 0xFFFFFFu) * 0x1p-24f; }
+  void skip(uint64_t n_u32) { mt_.discard(n_u32); }
+  // tensor.normal_(0, std) on a contiguous fp32 tensor of n >= 16 elements.
+  void normal(float* out, size_t n, float std);
+
+ private:
+  std::mt19937 mt_;
+};
+
+// Fills params[layout.total] as TorchTitan does for a model built on the CPU:
+// constructor draws (consumed, then overwritten), then init_states.
+void init_params(float* params, const Config& cfg, const ParamLayout& layout, uint64_t seed);
+
+}  // namespace tq

@@ -1,0 +1,73 @@
+// The Qwen3 training step, written once against a backend's Ops table.
+// Arenas: params, grads (same layout as params), activations (saved for backward) and
+// scratch; all allocated in the constructor, so memory use is known before step 0.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/common.h"
+#include "model/config.h"
+#include "model/ops.h"
+
+namespace tq {
+
+// B independent sequences of T tokens; targets are the next tokens.
+struct Batch {
+  int64_t B = 0, T = 0;
+  std::vector<int32_t> tokens;   // [B*T]
+  std::vector<int32_t> targets;  // [B*T]
+};
+// The walkthrough's fixed batch, repeated B times: tokens[t] = t % V, targets[t] = (t+1) % V.
+Batch fixed_batch(int64_t B, int64_t T, int64_t V);
+
+// RoPE tables, spec §5: fp32 inv_freq, angle, cos, sin. cos/sin: [T, D/2].
+void rope_tables(std::vector<float>& cos, std::vector<float>& sin, int64_t T, int64_t D,
+                 double theta);
+
+struct MemoryPlan {
+  size_t params, grads, activations, scratch;  // bytes
+  size_t total() const { return params + grads + activations + scratch; }
+};
+MemoryPlan memory_plan(const Config& cfg, int64_t B, int64_t T);
+
+class Qwen3 {
+ public:
+  Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& ops);
+  ~Qwen3();
+  Qwen3(const Qwen3&) = delete;
+  Qwen3& operator=(const Qwen3&) = delete;
+
+  const Config& cfg() const { return cfg_; }
+  const ParamLayout& layout() const { return layout_; }
+  // Host fp32 copies of the whole arena (layout().total elements). In bf16 mode every value
+  // is bf16-representable: the arena holds bf16 numbers in fp32 words.
+  void set_params(const float* host);
+  void get_params(float* host) const;
+  void get_grads(float* host) const;
+
+  double forward(const Batch& batch);  // mean loss; saves activations for backward
+  void backward();                     // grads of the last forward (grads are zeroed first)
+  void sgd_update(float lr);
+  // argmax(logits[n]) == target[n] count for the last forward
+  int64_t correct(const Batch& batch) const;
+
+ private:
+  float* rb(float* p, int64_t n);  // round to bf16 in bf16 mode; returns p
+  struct LayerActs {
+    float *res, *xn1, *rstd1, *qr, *kr, *v, *qrstd, *krstd, *q, *k, *att, *lse, *mid, *xn2,
+        *rstd2, *ab, *m;
+  };
+  const Config& cfg_;
+  ParamLayout layout_;
+  DType dtype_;
+  int64_t B_, T_, N_;
+  const Ops& ops_;
+  float *params_, *grads_, *acts_, *scratch_;
+  std::vector<LayerActs> la_;
+  float *res_final_, *xnf_, *rstdf_, *logits_, *lse_ce_;  // final norm + head
+  float *qkv_, *tmp_, *dres_, *dtmp_, *dxn_, *dab_, *dm_, *datt_, *dq_, *dk_, *dv_, *dqr_, *dkr_;
+  float *cos_, *sin_;
+  std::vector<int32_t> tokens_, targets_;
+};
+
+}  // namespace tq
