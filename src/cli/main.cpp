@@ -70,13 +70,12 @@ std::string failed_name(const std::string& path) {
 }
 
 void validate(const TrainArgs& a) {
-  if (a.backend != "cpu")
-    throw Error("unknown backend '" + a.backend + "' (this build has: cpu)");
+  if (a.backend != "cpu") throw Error("unknown backend '" + a.backend + "' (this build has: cpu)");
   const Config& c = preset(a.preset);
   parse_dtype(a.dtype);
   if (a.seq_len < 1 || a.seq_len > c.max_ctx)
-    throw Error("--seq-len must be in 1.." + std::to_string(c.max_ctx) + " for " + c.name + ", got " +
-                std::to_string(a.seq_len));
+    throw Error("--seq-len must be in 1.." + std::to_string(c.max_ctx) + " for " + c.name +
+                ", got " + std::to_string(a.seq_len));
   if (a.batch_size < 1 || a.batch_size > 1 << 20)
     throw Error("--batch-size must be at least 1, got " + std::to_string(a.batch_size));
   if (a.steps < 1 || a.steps > 100000000)
@@ -96,9 +95,9 @@ void validate(const TrainArgs& a) {
   // + one host fp32 copy of the parameters for init and checkpointing
   const double need = double(plan.total() + plan.params), have = available_memory_bytes();
   if (need > have)
-    throw Error(c.name + " at B=" + std::to_string(a.batch_size) + ", T=" + std::to_string(a.seq_len) +
-                " needs " + std::to_string(need / (1 << 30)) + " GiB, only " +
-                std::to_string(have / (1 << 30)) + " GiB available");
+    throw Error(c.name + " at B=" + std::to_string(a.batch_size) +
+                ", T=" + std::to_string(a.seq_len) + " needs " + std::to_string(need / (1 << 30)) +
+                " GiB, only " + std::to_string(have / (1 << 30)) + " GiB available");
 }
 
 // Dumps the initial parameters, the first step's gradients and its loss (parity tests).
@@ -149,7 +148,8 @@ int train(const TrainArgs& a) {
       dump_first_step(a.dump_first_step, c, host, grads, loss);
     }
     model.sgd_update(float(a.lr));
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     rec.losses.push_back(loss);
     rec.steps = s;
     std::printf("step %02lld: loss=%.6f  (%.1f ms)\n", (long long)s, loss, ms.back());
@@ -159,7 +159,8 @@ int train(const TrainArgs& a) {
   rec.final_loss = model.forward(batch);
   if (failure.empty()) {
     std::printf("final loss: %.6f\n", rec.final_loss);
-    if (!std::isfinite(rec.final_loss)) failure = "final loss is not finite";
+    if (!std::isfinite(rec.final_loss))
+      failure = "final loss is not finite";
     else if (!(rec.final_loss < rec.initial_loss))
       failure = "final loss " + std::to_string(rec.final_loss) + " is not below the first " +
                 std::to_string(rec.initial_loss);
@@ -202,8 +203,9 @@ int check(const std::string& path, int threads) {
     std::printf("PASS: checkpoint loss matches the saved final loss within tolerance\n");
     return 0;
   }
-  std::printf("FAIL: checkpoint loss %.6f differs from the saved final loss %.6f (rtol=atol=1e-2)\n",
-              loss, ck.rec.final_loss);
+  std::printf(
+      "FAIL: checkpoint loss %.6f differs from the saved final loss %.6f (rtol=atol=1e-2)\n", loss,
+      ck.rec.final_loss);
   return 1;
 }
 
@@ -217,10 +219,13 @@ int main(int argc, char** argv) {
   TrainArgs a;
   CLI::App* tr = app.add_subcommand("train", "train on the walkthrough's fixed batch with SGD");
   tr->add_option("--backend", a.backend, "cpu")->capture_default_str();
-  tr->add_option("--preset", a.preset, "debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B")->capture_default_str();
+  tr->add_option("--preset", a.preset, "debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B")
+      ->capture_default_str();
   tr->add_option("--seq-len", a.seq_len, "tokens per sequence (T)")->capture_default_str();
-  tr->add_option("--batch-size", a.batch_size, "sequences per step (B); repeats the fixed batch")->capture_default_str();
-  tr->add_option("--seed", a.seed, "torch.manual_seed for the initialization")->capture_default_str();
+  tr->add_option("--batch-size", a.batch_size, "sequences per step (B); repeats the fixed batch")
+      ->capture_default_str();
+  tr->add_option("--seed", a.seed, "torch.manual_seed for the initialization")
+      ->capture_default_str();
   tr->add_option("--steps", a.steps, "SGD steps")->capture_default_str();
   tr->add_option("--learning-rate", a.lr, "SGD learning rate")->capture_default_str();
   tr->add_option("--dtype", a.dtype, "parameter dtype: bfloat16 or float32")->capture_default_str();

@@ -26,7 +26,9 @@ inline float bf16_to_f32(uint16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+inline float round_bf16(float f) {
+  return bf16_to_f32(f32_to_bf16(f));
+}
 
 enum class DType { f32, bf16 };
 DType parse_dtype(const std::string& s);  // "float32" | "bfloat16", else Error

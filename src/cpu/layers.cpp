@@ -19,13 +19,14 @@ void set_threads(int n) {
   omp_set_num_threads(g_threads);
   openblas_set_num_threads(g_threads);
 }
-int threads() { return g_threads; }
+int threads() {
+  return g_threads;
+}
 
 void embedding_forward(float* out, const int32_t* tokens, const float* E, int64_t N, int64_t C) {
   for (int64_t n = 0; n < N; ++n) std::memcpy(out + n * C, E + tokens[n] * C, C * sizeof(float));
 }
-void embedding_backward(float* dE, const float* dout, const int32_t* tokens, int64_t N,
-                        int64_t C) {
+void embedding_backward(float* dE, const float* dout, const int32_t* tokens, int64_t N, int64_t C) {
   for (int64_t n = 0; n < N; ++n) {  // serial: tokens may repeat
     float* row = dE + tokens[n] * C;
     const float* g = dout + n * C;
@@ -33,8 +34,8 @@ void embedding_backward(float* dE, const float* dout, const int32_t* tokens, int
   }
 }
 
-void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N,
-                     int64_t C, double eps) {
+void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C,
+                     double eps) {
 #pragma omp parallel for schedule(static) if (N * C > 16384)
   for (int64_t n = 0; n < N; ++n) {
     const float* xr = x + n * C;
@@ -72,15 +73,14 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
     for (int64_t c = 0; c < C; ++c) dw[c] += dwpart[size_t(t) * C + c];
 }
 
-void matmul_forward(float* out, const float* x, const float* W, int64_t N, int64_t IC,
-                    int64_t OC) {
+void matmul_forward(float* out, const float* x, const float* W, int64_t N, int64_t IC, int64_t OC) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, x, IC, W, IC, 0.0f, out,
               OC);
 }
 void matmul_backward(float* dx, float* dW, const float* dout, const float* x, const float* W,
                      int64_t N, int64_t IC, int64_t OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, W, IC, 0.0f,
-              dx, IC);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, W, IC, 0.0f, dx,
+              IC);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, x, IC, 1.0f, dW,
               IC);
 }
@@ -183,8 +183,8 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                        const float* lse, const float* q, const float* k, const float* v,
-                        int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
+                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
+                        int64_t T, int64_t H, int64_t KVH, int64_t D) {
   const int64_t G = H / KVH;
   const float scale = 1.0f / std::sqrt(float(D));
   // One task per (sequence, kv head): it owns that head's dk/dv rows, so no races.

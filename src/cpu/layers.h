@@ -10,14 +10,12 @@ void set_threads(int n);  // OpenMP and BLAS
 int threads();
 
 void embedding_forward(float* out, const int32_t* tokens, const float* E, int64_t N, int64_t C);
-void embedding_backward(float* dE, const float* dout, const int32_t* tokens, int64_t N,
-                        int64_t C);
-void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N,
-                     int64_t C, double eps);
+void embedding_backward(float* dE, const float* dout, const int32_t* tokens, int64_t N, int64_t C);
+void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C,
+                     double eps);
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* rstd,
                       const float* w, int64_t N, int64_t C);
-void matmul_forward(float* out, const float* x, const float* W, int64_t N, int64_t IC,
-                    int64_t OC);
+void matmul_forward(float* out, const float* x, const float* W, int64_t N, int64_t IC, int64_t OC);
 void matmul_backward(float* dx, float* dW, const float* dout, const float* x, const float* W,
                      int64_t N, int64_t IC, int64_t OC);
 void qkv_split_forward(float* q, float* k, float* v, const float* qkv, int64_t N, int64_t H,
@@ -31,8 +29,8 @@ void rope_backward(float* dx, const float* dout, const float* cos, const float* 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                        const float* lse, const float* q, const float* k, const float* v,
-                        int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
+                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
+                        int64_t T, int64_t H, int64_t KVH, int64_t D);
 void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F);
 void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, int64_t F);
 double crossentropy_forward(float* lse, const float* logits, const int32_t* targets, int64_t N,

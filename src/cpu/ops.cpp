@@ -1,10 +1,11 @@
+#include "model/ops.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
 #include "core/common.h"
 #include "cpu/layers.h"
-#include "model/ops.h"
 
 namespace tq {
 namespace {
@@ -15,9 +16,15 @@ float* host_alloc(size_t n) {
   std::memset(p, 0, n * sizeof(float));
   return static_cast<float*>(p);
 }
-void host_release(float* p) { std::free(p); }
-void host_zero(float* p, int64_t n) { std::memset(p, 0, n * sizeof(float)); }
-void host_copy(float* d, const float* s, int64_t n) { std::memcpy(d, s, n * sizeof(float)); }
+void host_release(float* p) {
+  std::free(p);
+}
+void host_zero(float* p, int64_t n) {
+  std::memset(p, 0, n * sizeof(float));
+}
+void host_copy(float* d, const float* s, int64_t n) {
+  std::memcpy(d, s, n * sizeof(float));
+}
 
 void sgd_update(float* w, const float* g, int64_t n, float lr, bool bf16) {
   if (!bf16) {

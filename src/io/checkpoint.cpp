@@ -96,8 +96,10 @@ ValuePtr state_dict(PtWriter& w, const Config& c, const ParamLayout& p, const fl
     plain(pre + "ffn_norm.weight", ly.ffn_norm, {c.C});
   }
   plain("norm.weight", p.norm, {c.C});
-  if (c.tied) dict_set(*sd, "lm_head.weight", v_tensor(full_view(emb, {c.V, c.C})));
-  else plain("lm_head.weight", p.lm_head, {c.V, c.C});
+  if (c.tied)
+    dict_set(*sd, "lm_head.weight", v_tensor(full_view(emb, {c.V, c.C})));
+  else
+    plain("lm_head.weight", p.lm_head, {c.V, c.C});
   return sd;
 }
 
@@ -133,148 +135,151 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
-struct PtFile {
-  MappedFile file;
-  ZipReader zip;
-  std::string prefix;
-  ValuePtr root;
-
-  explicit PtFile(const std::string& path) : file(path), zip(check_magic(file)) {
-    const auto& names = zip.names();
-    if (names.empty()) throw Error(path + ": empty zip archive, not a PyTorch checkpoint");
-    const size_t slash = names[0].find('/');
-    if (slash == std::string::npos)
-      throw Error(path + ": zip entries are not in a folder; not a PyTorch checkpoint");
-    prefix = names[0].substr(0, slash + 1);
-    for (const std::string& n : names)
-      if (n.compare(0, prefix.size(), prefix) != 0)
-        throw Error(path + ": entry " + n + " is outside " + prefix + "; not a PyTorch checkpoint");
-    if (zip.has(prefix + "constants.pkl"))
-      throw Error(path + ": a TorchScript archive, not a torch.save checkpoint");
-    const std::string ver = zip.has(prefix + ".data/version") ? ".data/version" : "version";
-    const ZipEntry& ve = zip.entry(prefix + ver);
-    const std::string v(reinterpret_cast<const char*>(zip.data(ve)), ve.size);
-    const long vn = std::atol(v.c_str());
-    if (vn < 1 || vn > 10) throw Error(path + ": unsupported archive version '" + v + "'");
-    if (zip.has(prefix + "byteorder")) {
-      const ZipEntry& be = zip.entry(prefix + "byteorder");
-      if (std::string(reinterpret_cast<const char*>(zip.data(be)), be.size) != "little")
-        throw Error(path + ": big-endian checkpoints are not supported");
-    }
-    const ZipEntry& pe = zip.entry(prefix + "data.pkl");
-    const uint8_t* pk = zip.data(pe);
-    if (pe.size < 2 || pk[0] != 0x80 || pk[1] != 2)
-      throw Error(path + ": data.pkl is not pickle protocol 2 (saved with a custom pickle_protocol?)");
-    try {
-      root = pickle_loads(pk, pe.size);
-    } catch (const Error& e) {
-      throw Error(path + ": " + e.what());
-    }
-  }
-  static const MappedFile& check_magic(const MappedFile& f) {
-    const uint8_t* d = f.data();
-    const size_t n = f.size();
-    if (n >= 8 && std::memcmp(d, "PYTORCH1", 8) == 0)
-      throw Error(f.path() + ": pre-release PyTorch format; re-save with torch >= 1.6");
-    if (n >= 3 && d[0] == 0x80 && d[1] == 0x02 && d[2] == 0x8a)
-      throw Error(f.path() + ": legacy (pre-1.6) torch.save format; re-save with torch >= 1.6");
-    if (n >= 262 && std::memcmp(d + 257, "ustar", 5) == 0)
-      throw Error(f.path() + ": legacy tar torch.save format; re-save with torch >= 1.6");
-    if (n < 4 || std::memcmp(d, "PK\x03\x04", 4) != 0)
-      throw Error(f.path() + ": not a PyTorch checkpoint (no zip signature)");
-    return f;
-  }
-
-  // Dense fp32 copy of a tensor, which must have exactly `shape`.
-  std::vector<float> tensor(const std::string& name, const Value* v,
-                            const std::vector<int64_t>& shape) const {
-    const std::string where = file.path() + ": " + name;
-    if (!v) throw Error(where + ": missing from the state dict");
-    if (v->kind != Value::Tensor) throw Error(where + ": is a " + kind_name(v->kind) + ", not a tensor");
-    const TensorRef& t = v->tensor;
-    if (t.size != shape)
-      throw Error(where + ": shape " + shape_str(t.size) + " but the preset needs " + shape_str(shape));
-    const size_t es = storage_element_size(t.storage);
-    if (t.storage != "FloatStorage" && t.storage != "BFloat16Storage" &&
-        t.storage != "HalfStorage" && t.storage != "DoubleStorage")
-      throw Error(where + ": unsupported dtype " + t.storage + " (need float32/bfloat16/float16/float64)");
-    const ZipEntry& e = zip.entry(prefix + "data/" + t.key);
-    if (uint64_t(t.storage_numel) > e.size / es || e.size != uint64_t(t.storage_numel) * es)
-      throw Error(where + ": storage record has " + std::to_string(e.size) + " bytes, expected " +
-                  std::to_string(t.storage_numel) + " x " + std::to_string(es));
-    // bounds: offset + sum((size-1)*stride) < numel, overflow-safe
-    int64_t numel = 1, last = t.offset;
-    if (t.offset < 0) throw Error(where + ": negative storage offset");
-    for (size_t i = 0; i < shape.size(); ++i) {
-      if (t.stride[i] < 0) throw Error(where + ": negative stride");
-      numel *= shape[i];
-      if (shape[i] > 0 && __builtin_add_overflow(last, (shape[i] - 1) * t.stride[i], &last))
-        throw Error(where + ": view out of bounds");
-    }
-    if (numel > 0 && last >= t.storage_numel) throw Error(where + ": view runs past its storage");
-    std::vector<float> out(numel);
-    const uint8_t* base = zip.data(e);
-    if (t.stride == full_view(t, shape).stride) {  // contiguous: one pass
-      const uint8_t* src = base + t.offset * es;
-      if (t.storage == "FloatStorage") {
-        std::memcpy(out.data(), src, numel * 4);
-        return out;
-      }
-      if (t.storage == "BFloat16Storage") {
-        for (int64_t k = 0; k < numel; ++k) {
-          uint16_t h;
-          std::memcpy(&h, src + 2 * k, 2);
-          out[k] = bf16_to_f32(h);
-        }
-        return out;
-      }
-    }
-    std::vector<int64_t> idx(shape.size(), 0);
-    for (int64_t k = 0; k < numel; ++k) {
-      int64_t off = t.offset;
-      for (size_t i = 0; i < shape.size(); ++i) off += idx[i] * t.stride[i];
-      const uint8_t* p = base + off * es;
-      float x;
-      if (es == 4) std::memcpy(&x, p, 4);
-      else if (t.storage == "DoubleStorage") {
-        double dd;
-        std::memcpy(&dd, p, 8);
-        x = float(dd);
-      } else {
-        uint16_t h;
-        std::memcpy(&h, p, 2);
-        if (t.storage == "BFloat16Storage") x = bf16_to_f32(h);
-        else {  // IEEE half
-          const uint32_t sign = (h >> 15) & 1, ex = (h >> 10) & 0x1f, man = h & 0x3ff;
-          x = ex == 0 ? std::ldexp(float(man), -24) : ex == 31 ? (man ? NAN : INFINITY)
-                                                          : std::ldexp(float(man | 0x400), int(ex) - 25);
-          if (sign) x = -x;
-        }
-      }
-      out[k] = x;
-      for (size_t i = shape.size(); i-- > 0;) {
-        if (++idx[i] < shape[i]) break;
-        idx[i] = 0;
-      }
-    }
-    return out;
-  }
-};
-
-const Value& need(const Value& d, const std::string& key, Value::Kind kind, const std::string& path) {
+const Value& need(const Value& d, const std::string& key, Value::Kind kind,
+                  const std::string& path) {
   const Value* v = d.get(key);
   if (!v) throw Error(path + ": checkpoint has no '" + key + "' entry");
   if (v->kind != kind && !(kind == Value::Float && v->kind == Value::Int))
-    throw Error(path + ": checkpoint entry '" + key + "' is a " + kind_name(v->kind) + ", expected " +
-                kind_name(kind));
+    throw Error(path + ": checkpoint entry '" + key + "' is a " + kind_name(v->kind) +
+                ", expected " + kind_name(kind));
   return *v;
 }
-double num(const Value& v) { return v.kind == Value::Int ? double(v.i) : v.f; }
+double num(const Value& v) {
+  return v.kind == Value::Int ? double(v.i) : v.f;
+}
 
 }  // namespace
 
+// PtReader
+PtReader::PtReader(const std::string& path) : file(path), zip(check_magic(file)) {
+  const auto& names = zip.names();
+  if (names.empty()) throw Error(path + ": empty zip archive, not a PyTorch checkpoint");
+  const size_t slash = names[0].find('/');
+  if (slash == std::string::npos)
+    throw Error(path + ": zip entries are not in a folder; not a PyTorch checkpoint");
+  prefix = names[0].substr(0, slash + 1);
+  for (const std::string& n : names)
+    if (n.compare(0, prefix.size(), prefix) != 0)
+      throw Error(path + ": entry " + n + " is outside " + prefix + "; not a PyTorch checkpoint");
+  if (zip.has(prefix + "constants.pkl"))
+    throw Error(path + ": a TorchScript archive, not a torch.save checkpoint");
+  const std::string ver = zip.has(prefix + ".data/version") ? ".data/version" : "version";
+  const ZipEntry& ve = zip.entry(prefix + ver);
+  const std::string v(reinterpret_cast<const char*>(zip.data(ve)), ve.size);
+  const long vn = std::atol(v.c_str());
+  if (vn < 1 || vn > 10) throw Error(path + ": unsupported archive version '" + v + "'");
+  if (zip.has(prefix + "byteorder")) {
+    const ZipEntry& be = zip.entry(prefix + "byteorder");
+    if (std::string(reinterpret_cast<const char*>(zip.data(be)), be.size) != "little")
+      throw Error(path + ": big-endian checkpoints are not supported");
+  }
+  const ZipEntry& pe = zip.entry(prefix + "data.pkl");
+  const uint8_t* pk = zip.data(pe);
+  if (pe.size < 2 || pk[0] != 0x80 || pk[1] != 2)
+    throw Error(path +
+                ": data.pkl is not pickle protocol 2 (saved with a custom pickle_protocol?)");
+  try {
+    root = pickle_loads(pk, pe.size);
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());
+  }
+}
+const MappedFile& PtReader::check_magic(const MappedFile& f) {
+  const uint8_t* d = f.data();
+  const size_t n = f.size();
+  if (n >= 8 && std::memcmp(d, "PYTORCH1", 8) == 0)
+    throw Error(f.path() + ": pre-release PyTorch format; re-save with torch >= 1.6");
+  if (n >= 3 && d[0] == 0x80 && d[1] == 0x02 && d[2] == 0x8a)
+    throw Error(f.path() + ": legacy (pre-1.6) torch.save format; re-save with torch >= 1.6");
+  if (n >= 262 && std::memcmp(d + 257, "ustar", 5) == 0)
+    throw Error(f.path() + ": legacy tar torch.save format; re-save with torch >= 1.6");
+  if (n < 4 || std::memcmp(d, "PK\x03\x04", 4) != 0)
+    throw Error(f.path() + ": not a PyTorch checkpoint (no zip signature)");
+  return f;
+}
+
+std::vector<float> PtReader::tensor(const std::string& name, const Value* v,
+                                    const std::vector<int64_t>& shape) const {
+  const std::string where = file.path() + ": " + name;
+  if (!v) throw Error(where + ": missing from the state dict");
+  if (v->kind != Value::Tensor)
+    throw Error(where + ": is a " + kind_name(v->kind) + ", not a tensor");
+  const TensorRef& t = v->tensor;
+  if (t.size != shape)
+    throw Error(where + ": shape " + shape_str(t.size) + " but the preset needs " +
+                shape_str(shape));
+  const size_t es = storage_element_size(t.storage);
+  if (t.storage != "FloatStorage" && t.storage != "BFloat16Storage" && t.storage != "HalfStorage" &&
+      t.storage != "DoubleStorage")
+    throw Error(where + ": unsupported dtype " + t.storage +
+                " (need float32/bfloat16/float16/float64)");
+  const ZipEntry& e = zip.entry(prefix + "data/" + t.key);
+  if (uint64_t(t.storage_numel) > e.size / es || e.size != uint64_t(t.storage_numel) * es)
+    throw Error(where + ": storage record has " + std::to_string(e.size) + " bytes, expected " +
+                std::to_string(t.storage_numel) + " x " + std::to_string(es));
+  // bounds: offset + sum((size-1)*stride) < numel, overflow-safe
+  int64_t numel = 1, last = t.offset;
+  if (t.offset < 0) throw Error(where + ": negative storage offset");
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (t.stride[i] < 0) throw Error(where + ": negative stride");
+    numel *= shape[i];
+    if (shape[i] > 0 && __builtin_add_overflow(last, (shape[i] - 1) * t.stride[i], &last))
+      throw Error(where + ": view out of bounds");
+  }
+  if (numel > 0 && last >= t.storage_numel) throw Error(where + ": view runs past its storage");
+  std::vector<float> out(numel);
+  const uint8_t* base = zip.data(e);
+  if (t.stride == full_view(t, shape).stride) {  // contiguous: one pass
+    const uint8_t* src = base + t.offset * es;
+    if (t.storage == "FloatStorage") {
+      std::memcpy(out.data(), src, numel * 4);
+      return out;
+    }
+    if (t.storage == "BFloat16Storage") {
+      for (int64_t k = 0; k < numel; ++k) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * k, 2);
+        out[k] = bf16_to_f32(h);
+      }
+      return out;
+    }
+  }
+  std::vector<int64_t> idx(shape.size(), 0);
+  for (int64_t k = 0; k < numel; ++k) {
+    int64_t off = t.offset;
+    for (size_t i = 0; i < shape.size(); ++i) off += idx[i] * t.stride[i];
+    const uint8_t* p = base + off * es;
+    float x;
+    if (es == 4)
+      std::memcpy(&x, p, 4);
+    else if (t.storage == "DoubleStorage") {
+      double dd;
+      std::memcpy(&dd, p, 8);
+      x = float(dd);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      if (t.storage == "BFloat16Storage")
+        x = bf16_to_f32(h);
+      else {  // IEEE half
+        const uint32_t sign = (h >> 15) & 1, ex = (h >> 10) & 0x1f, man = h & 0x3ff;
+        x = ex == 0    ? std::ldexp(float(man), -24)
+            : ex == 31 ? (man ? NAN : INFINITY)
+                       : std::ldexp(float(man | 0x400), int(ex) - 25);
+        if (sign) x = -x;
+      }
+    }
+    out[k] = x;
+    for (size_t i = shape.size(); i-- > 0;) {
+      if (++idx[i] < shape[i]) break;
+      idx[i] = 0;
+    }
+  }
+  return out;
+}
+
 Checkpoint load_checkpoint(const std::string& path) {
-  PtFile pt(path);
+  PtReader pt(path);
   const Value& root = *pt.root;
   if (root.kind != Value::Dict) throw Error(path + ": checkpoint is not a dict");
   Checkpoint ck;
@@ -284,7 +289,8 @@ Checkpoint load_checkpoint(const std::string& path) {
   ck.rec.seq_len = need(conf, "seq_len", Value::Int, path).i;
   if (const Value* s = conf.get("seed"); s && s->kind == Value::Int) ck.rec.seed = s->i;
   if (ck.rec.seq_len < 1 || ck.rec.seq_len > c.max_ctx)
-    throw Error(path + ": seq_len " + std::to_string(ck.rec.seq_len) + " out of range for " + c.name);
+    throw Error(path + ": seq_len " + std::to_string(ck.rec.seq_len) + " out of range for " +
+                c.name);
   ck.rec.final_loss = num(need(root, "final_loss", Value::Float, path));
   if (const Value* v = root.get("initial_loss")) ck.rec.initial_loss = num(*v);
   if (const Value* v = root.get("steps"); v && v->kind == Value::Int) ck.rec.steps = v->i;
@@ -336,8 +342,8 @@ Checkpoint load_checkpoint(const std::string& path) {
   }
   const size_t expected_keys = 3 + c.L * 11;
   if (sd.dict.size() != expected_keys)
-    throw Error(path + ": state dict has " + std::to_string(sd.dict.size()) + " entries, " + c.name +
-                " has " + std::to_string(expected_keys));
+    throw Error(path + ": state dict has " + std::to_string(sd.dict.size()) + " entries, " +
+                c.name + " has " + std::to_string(expected_keys));
   ck.dtype = any_bf16 ? DType::bf16 : DType::f32;
   if (const Value* v = root.get("dtype"); v && v->kind == Value::Str) ck.dtype = parse_dtype(v->s);
   return ck;

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "core/common.h"
+#include "io/file.h"
 #include "io/pickle.h"
+#include "io/zip.h"
 #include "model/config.h"
 
 namespace tq {
@@ -47,6 +49,23 @@ ValuePtr state_dict(PtWriter& w, const Config& cfg, const ParamLayout& layout, c
                     DType dtype);
 void save_checkpoint(const std::string& path, const Config& cfg, const float* params, DType dtype,
                      const TrainRecord& rec);
+
+// Any torch.save zip file: validated container, unpickled root, bounds-checked tensors.
+class PtReader {
+ public:
+  explicit PtReader(const std::string& path);  // Error naming what is wrong
+  // Dense fp32 copy of tensor value v (named `name` in messages), which must have `shape`.
+  std::vector<float> tensor(const std::string& name, const Value* v,
+                            const std::vector<int64_t>& shape) const;
+
+  MappedFile file;
+  ZipReader zip;
+  std::string prefix;  // the archive folder, e.g. "archive/"
+  ValuePtr root;
+
+ private:
+  static const MappedFile& check_magic(const MappedFile& f);
+};
 
 struct Checkpoint {
   std::string preset;

@@ -13,7 +13,9 @@ const Value* Value::get(const std::string& key) const {
   return nullptr;
 }
 
-ValuePtr v_none() { return std::make_shared<Value>(Value::None); }
+ValuePtr v_none() {
+  return std::make_shared<Value>(Value::None);
+}
 ValuePtr v_bool(bool b) {
   auto v = std::make_shared<Value>(Value::Bool);
   v->b = b;
@@ -54,16 +56,16 @@ void dict_set(Value& d, const std::string& key, ValuePtr v) {
 }
 
 const char* kind_name(Value::Kind k) {
-  static const char* names[] = {"None", "bool",   "int",    "float",  "str",    "list",
+  static const char* names[] = {"None",  "bool", "int",    "float",  "str",    "list",
                                 "tuple", "dict", "tensor", "global", "storage"};
   return names[k];
 }
 
 size_t storage_element_size(const std::string& s) {
   static const std::map<std::string, size_t> sizes = {
-      {"FloatStorage", 4},  {"BFloat16Storage", 2}, {"HalfStorage", 2}, {"DoubleStorage", 8},
-      {"LongStorage", 8},   {"IntStorage", 4},      {"ShortStorage", 2}, {"CharStorage", 1},
-      {"ByteStorage", 1},   {"BoolStorage", 1}};
+      {"FloatStorage", 4}, {"BFloat16Storage", 2}, {"HalfStorage", 2},  {"DoubleStorage", 8},
+      {"LongStorage", 8},  {"IntStorage", 4},      {"ShortStorage", 2}, {"CharStorage", 1},
+      {"ByteStorage", 1},  {"BoolStorage", 1}};
   auto it = sizes.find(s);
   return it == sizes.end() ? 0 : it->second;
 }
@@ -85,17 +87,22 @@ struct Writer {
     out += '\n';
   }
   void integer(int64_t v) {
-    if (v >= 0 && v < 256) op('K'), le(uint64_t(v), 1);
-    else if (v >= 0 && v < 65536) op('M'), le(uint64_t(v), 2);
-    else if (v >= INT32_MIN && v <= INT32_MAX) op('J'), le(uint64_t(uint32_t(int32_t(v))), 4);
+    if (v >= 0 && v < 256)
+      op('K'), le(uint64_t(v), 1);
+    else if (v >= 0 && v < 65536)
+      op('M'), le(uint64_t(v), 2);
+    else if (v >= INT32_MIN && v <= INT32_MAX)
+      op('J'), le(uint64_t(uint32_t(int32_t(v))), 4);
     else {  // LONG1, shortest two's complement
       std::string bytes;
       uint64_t u = uint64_t(v);
       for (int k = 0; k < 8; ++k) bytes.push_back(char((u >> (8 * k)) & 0xff));
       while (bytes.size() > 1) {
         const uint8_t last = uint8_t(bytes.back()), prev = uint8_t(bytes[bytes.size() - 2]);
-        if ((last == 0 && !(prev & 0x80)) || (last == 0xff && (prev & 0x80))) bytes.pop_back();
-        else break;
+        if ((last == 0 && !(prev & 0x80)) || (last == 0xff && (prev & 0x80)))
+          bytes.pop_back();
+        else
+          break;
       }
       op(0x8a), le(bytes.size(), 1), out += bytes;
     }
@@ -110,9 +117,15 @@ struct Writer {
   }
   void value(const Value& v) {
     switch (v.kind) {
-      case Value::None: op('N'); break;
-      case Value::Bool: op(v.b ? 0x88 : 0x89); break;
-      case Value::Int: integer(v.i); break;
+      case Value::None:
+        op('N');
+        break;
+      case Value::Bool:
+        op(v.b ? 0x88 : 0x89);
+        break;
+      case Value::Int:
+        integer(v.i);
+        break;
       case Value::Float: {
         uint64_t u;
         std::memcpy(&u, &v.f, 8);
@@ -120,7 +133,9 @@ struct Writer {
         for (int k = 7; k >= 0; --k) out.push_back(char((u >> (8 * k)) & 0xff));
         break;
       }
-      case Value::Str: str(v.s); break;
+      case Value::Str:
+        str(v.s);
+        break;
       case Value::List:
         op(']');
         if (!v.items.empty()) {
@@ -130,8 +145,10 @@ struct Writer {
         }
         break;
       case Value::Dict:
-        if (v.ordered) empty_ordered_dict();
-        else op('}');
+        if (v.ordered)
+          empty_ordered_dict();
+        else
+          op('}');
         if (!v.dict.empty()) {
           op('(');
           for (auto& [k, x] : v.dict) value(*k), value(*x);
@@ -156,7 +173,8 @@ struct Writer {
         op('t'), op('R');
         break;
       }
-      default: throw Error(std::string("cannot pickle a ") + kind_name(v.kind));
+      default:
+        throw Error(std::string("cannot pickle a ") + kind_name(v.kind));
     }
   }
 };
@@ -220,11 +238,13 @@ struct Reader {
     return std::string(reinterpret_cast<const char*>(d + start), (p++) - start);
   }
   static int64_t as_int(const ValuePtr& v, const char* what) {
-    if (v->kind != Value::Int) throw Error(std::string("checkpoint pickle: ") + what + " is not an int");
+    if (v->kind != Value::Int)
+      throw Error(std::string("checkpoint pickle: ") + what + " is not an int");
     return v->i;
   }
   static std::vector<int64_t> int_tuple(const ValuePtr& v, const char* what) {
-    if (v->kind != Value::Tuple) throw Error(std::string("checkpoint pickle: ") + what + " is not a tuple");
+    if (v->kind != Value::Tuple)
+      throw Error(std::string("checkpoint pickle: ") + what + " is not a tuple");
     std::vector<int64_t> r;
     for (auto& x : v->items) r.push_back(as_int(x, what));
     return r;
@@ -268,10 +288,18 @@ struct Reader {
           ValuePtr r = pop();
           return r;
         }
-        case '(': marks.push_back(std::move(stack)), stack.clear(); break;
-        case '}': stack.push_back(v_dict()); break;
-        case ']': stack.push_back(v_list({})); break;
-        case ')': stack.push_back(std::make_shared<Value>(Value::Tuple)); break;
+        case '(':
+          marks.push_back(std::move(stack)), stack.clear();
+          break;
+        case '}':
+          stack.push_back(v_dict());
+          break;
+        case ']':
+          stack.push_back(v_list({}));
+          break;
+        case ')':
+          stack.push_back(std::make_shared<Value>(Value::Tuple));
+          break;
         case 's': {
           ValuePtr v = pop(), k = pop();
           if (top()->kind != Value::Dict) fail("SETITEM on a non-dict");
@@ -282,7 +310,8 @@ struct Reader {
           std::vector<ValuePtr> items = pop_mark();
           if (items.size() % 2) fail("SETITEMS with an odd item count");
           if (top()->kind != Value::Dict) fail("SETITEMS on a non-dict");
-          for (size_t i = 0; i < items.size(); i += 2) top()->dict.emplace_back(items[i], items[i + 1]);
+          for (size_t i = 0; i < items.size(); i += 2)
+            top()->dict.emplace_back(items[i], items[i + 1]);
           break;
         }
         case 'a': {
@@ -303,7 +332,9 @@ struct Reader {
           stack.push_back(t);
           break;
         }
-        case 0x85: case 0x86: case 0x87: {
+        case 0x85:
+        case 0x86:
+        case 0x87: {
           auto t = std::make_shared<Value>(Value::Tuple);
           t->items.resize(op - 0x84);
           for (size_t i = t->items.size(); i-- > 0;) t->items[i] = pop();
@@ -322,9 +353,15 @@ struct Reader {
           stack.push_back(v_str(std::string(reinterpret_cast<const char*>(b), len)));
           break;
         }
-        case 'K': stack.push_back(v_int(int64_t(le(1)))); break;
-        case 'M': stack.push_back(v_int(int64_t(le(2)))); break;
-        case 'J': stack.push_back(v_int(int64_t(int32_t(uint32_t(le(4)))))); break;
+        case 'K':
+          stack.push_back(v_int(int64_t(le(1))));
+          break;
+        case 'M':
+          stack.push_back(v_int(int64_t(le(2))));
+          break;
+        case 'J':
+          stack.push_back(v_int(int64_t(int32_t(uint32_t(le(4))))));
+          break;
         case 0x8a: {
           const uint64_t len = le(1);
           const uint8_t* b = take(len);
@@ -347,12 +384,23 @@ struct Reader {
           stack.push_back(v_float(f));
           break;
         }
-        case 0x88: stack.push_back(v_bool(true)); break;
-        case 0x89: stack.push_back(v_bool(false)); break;
-        case 'N': stack.push_back(v_none()); break;
-        case 'q': memo[uint32_t(le(1))] = top(); break;
-        case 'r': memo[uint32_t(le(4))] = top(); break;
-        case 'h': case 'j': {
+        case 0x88:
+          stack.push_back(v_bool(true));
+          break;
+        case 0x89:
+          stack.push_back(v_bool(false));
+          break;
+        case 'N':
+          stack.push_back(v_none());
+          break;
+        case 'q':
+          memo[uint32_t(le(1))] = top();
+          break;
+        case 'r':
+          memo[uint32_t(le(4))] = top();
+          break;
+        case 'h':
+        case 'j': {
           const uint32_t idx = uint32_t(le(op == 'h' ? 1 : 4));
           auto it = memo.find(idx);
           if (it == memo.end()) fail("memo index " + std::to_string(idx) + " was never stored");
@@ -364,8 +412,8 @@ struct Reader {
           const std::string full = mod + "." + name;
           auto g = std::make_shared<Value>(Value::Global);
           g->s = full;
-          const bool storage = mod == "torch" && name.size() > 7 &&
-                               name.compare(name.size() - 7, 7, "Storage") == 0;
+          const bool storage =
+              mod == "torch" && name.size() > 7 && name.compare(name.size() - 7, 7, "Storage") == 0;
           if (!storage && full != "collections.OrderedDict" &&
               full != "torch._utils._rebuild_tensor_v2" &&
               full != "torch._utils._rebuild_parameter" &&

@@ -45,8 +45,8 @@ void ZipWriter::add(const std::string& name, const void* data, uint64_t n) {
   Bytes h;
   h.u32(0x04034b50);
   h.u16(z64 ? 45 : 20);
-  h.u16(0);  // flags
-  h.u16(0);  // stored
+  h.u16(0);               // flags
+  h.u16(0);               // stored
   h.u16(0), h.u16(0x21);  // time, date 1980-01-01
   h.u32(crc);
   h.u32(z64 ? kMax32 : n);
@@ -93,7 +93,8 @@ void ZipWriter::finish() {
     end.u32(0x07064b50), end.u32(0), end.u64(z64_at), end.u32(1);
   }
   end.u32(0x06054b50), end.u16(0), end.u16(0);
-  end.u16(uint32_t(std::min<uint64_t>(count, 0xFFFF))), end.u16(uint32_t(std::min<uint64_t>(count, 0xFFFF)));
+  end.u16(uint32_t(std::min<uint64_t>(count, 0xFFFF))),
+      end.u16(uint32_t(std::min<uint64_t>(count, 0xFFFF)));
   end.u32(std::min(cd_size, kMax32)), end.u32(std::min(cd_start, kMax32)), end.u16(0);
   out_.write(end.b.data(), end.b.size());
 }

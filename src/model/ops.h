@@ -13,15 +13,15 @@ struct Ops {
   float* (*alloc)(size_t n);  // n floats, zeroed
   void (*release)(float* p);
   void (*zero)(float* p, int64_t n);
-  void (*copy)(float* dst, const float* src, int64_t n);        // within the backend
-  void (*upload)(float* dst, const float* host, int64_t n);     // host -> backend
-  void (*download)(float* host, const float* src, int64_t n);   // backend -> host
+  void (*copy)(float* dst, const float* src, int64_t n);       // within the backend
+  void (*upload)(float* dst, const float* host, int64_t n);    // host -> backend
+  void (*download)(float* host, const float* src, int64_t n);  // backend -> host
   // layers: see src/ref/layers.h for the contract
   void (*embedding_forward)(float*, const int32_t*, const float*, int64_t, int64_t);
   void (*embedding_backward)(float*, const float*, const int32_t*, int64_t, int64_t);
   void (*rmsnorm_forward)(float*, float*, const float*, const float*, int64_t, int64_t, double);
-  void (*rmsnorm_backward)(float*, float*, const float*, const float*, const float*,
-                           const float*, int64_t, int64_t);
+  void (*rmsnorm_backward)(float*, float*, const float*, const float*, const float*, const float*,
+                           int64_t, int64_t);
   void (*matmul_forward)(float*, const float*, const float*, int64_t, int64_t, int64_t);
   void (*matmul_backward)(float*, float*, const float*, const float*, const float*, int64_t,
                           int64_t, int64_t);
@@ -29,10 +29,10 @@ struct Ops {
                             int64_t);
   void (*qkv_split_backward)(float*, const float*, const float*, const float*, int64_t, int64_t,
                              int64_t, int64_t);
-  void (*rope_forward)(float*, const float*, const float*, const float*, int64_t, int64_t,
-                       int64_t, int64_t);
-  void (*rope_backward)(float*, const float*, const float*, const float*, int64_t, int64_t,
-                        int64_t, int64_t);
+  void (*rope_forward)(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                       int64_t);
+  void (*rope_backward)(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                        int64_t);
   void (*attention_forward)(float*, float*, const float*, const float*, const float*, int64_t,
                             int64_t, int64_t, int64_t, int64_t);
   void (*attention_backward)(float*, float*, float*, const float*, const float*, const float*,

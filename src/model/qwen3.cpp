@@ -35,9 +35,10 @@ void rope_tables(std::vector<float>& cos, std::vector<float>& sin, int64_t T, in
 // Sizes (floats) of the per-layer saved activations, in LayerActs order.
 static std::vector<int64_t> layer_act_sizes(const Config& c, int64_t B, int64_t T) {
   const int64_t N = B * T;
-  return {N * c.C,     N * c.C,   N,         N * c.H * c.D, N * c.KVH * c.D, N * c.KVH * c.D,
-          N * c.H,     N * c.KVH, N * c.H * c.D, N * c.KVH * c.D, N * c.H * c.D, B * c.H * T,
-          N * c.C,     N * c.C,   N,         N * 2 * c.F,   N * c.F};
+  return {N * c.C,         N * c.C,     N,         N * c.H * c.D, N * c.KVH * c.D,
+          N * c.KVH * c.D, N * c.H,     N * c.KVH, N * c.H * c.D, N * c.KVH * c.D,
+          N * c.H * c.D,   B * c.H * T, N * c.C,   N * c.C,       N,
+          N * 2 * c.F,     N * c.F};
 }
 static int64_t final_act_size(const Config& c, int64_t N) {
   return N * c.C + N * c.C + N + N * c.V + N;  // res_final, xnf, rstdf, logits, lse_ce
@@ -45,8 +46,8 @@ static int64_t final_act_size(const Config& c, int64_t N) {
 static std::vector<int64_t> scratch_sizes(const Config& c, int64_t B, int64_t T) {
   const int64_t N = B * T, HD = c.H * c.D, KD = c.KVH * c.D;
   // qkv, tmp, dres, dtmp, dxn, dab, dm, datt, dq, dk, dv, dqr, dkr, cos, sin
-  return {N * c.qkv_rows(), N * c.C, N * c.C, N * c.C, N * c.C, N * 2 * c.F, N * c.F, N * HD,
-          N * HD,          N * KD,  N * KD,  N * HD,  N * KD,  T * c.D / 2, T * c.D / 2};
+  return {N * c.qkv_rows(), N * c.C, N * c.C, N * c.C, N * c.C, N * 2 * c.F, N * c.F,    N * HD,
+          N * HD,           N * KD,  N * KD,  N * HD,  N * KD,  T * c.D / 2, T * c.D / 2};
 }
 static int64_t sum(const std::vector<int64_t>& v) {
   int64_t s = 0;
@@ -71,8 +72,8 @@ Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& op
   const std::vector<int64_t> ls = layer_act_sizes(cfg, B, T);
   for (int64_t l = 0; l < cfg.L; ++l) {
     LayerActs a;
-    float** views[] = {&a.res, &a.xn1,   &a.rstd1, &a.qr,  &a.kr,  &a.v,   &a.qrstd, &a.krstd, &a.q,
-                       &a.k,   &a.att,   &a.lse,   &a.mid, &a.xn2, &a.rstd2, &a.ab,  &a.m};
+    float** views[] = {&a.res, &a.xn1, &a.rstd1, &a.qr,  &a.kr,  &a.v,     &a.qrstd, &a.krstd, &a.q,
+                       &a.k,   &a.att, &a.lse,   &a.mid, &a.xn2, &a.rstd2, &a.ab,    &a.m};
     for (size_t i = 0; i < ls.size(); ++i) *views[i] = p, p += ls[i];
     la_.push_back(a);
   }
@@ -100,8 +101,12 @@ void Qwen3::set_params(const float* host) {
   ops_.upload(params_, host, layout_.total);
   if (dtype_ == DType::bf16) ops_.round_bf16_inplace(params_, layout_.total);
 }
-void Qwen3::get_params(float* host) const { ops_.download(host, params_, layout_.total); }
-void Qwen3::get_grads(float* host) const { ops_.download(host, grads_, layout_.total); }
+void Qwen3::get_params(float* host) const {
+  ops_.download(host, params_, layout_.total);
+}
+void Qwen3::get_grads(float* host) const {
+  ops_.download(host, grads_, layout_.total);
+}
 
 float* Qwen3::rb(float* p, int64_t n) {
   if (dtype_ == DType::bf16) ops_.round_bf16_inplace(p, n);

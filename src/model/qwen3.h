@@ -54,8 +54,8 @@ class Qwen3 {
  private:
   float* rb(float* p, int64_t n);  // round to bf16 in bf16 mode; returns p
   struct LayerActs {
-    float *res, *xn1, *rstd1, *qr, *kr, *v, *qrstd, *krstd, *q, *k, *att, *lse, *mid, *xn2,
-        *rstd2, *ab, *m;
+    float *res, *xn1, *rstd1, *qr, *kr, *v, *qrstd, *krstd, *q, *k, *att, *lse, *mid, *xn2, *rstd2,
+        *ab, *m;
   };
   const Config& cfg_;
   ParamLayout layout_;

@@ -23,8 +23,8 @@ void embedding_forward(T* out /*[N,C]*/, const int32_t* tokens /*[N]*/, const T*
     for (int64_t c = 0; c < C; ++c) out[n * C + c] = E[tokens[n] * C + c];
 }
 template <typename T>
-void embedding_backward(T* dE /*[V,C]*/, const T* dout /*[N,C]*/, const int32_t* tokens,
-                        int64_t N, int64_t C) {
+void embedding_backward(T* dE /*[V,C]*/, const T* dout /*[N,C]*/, const int32_t* tokens, int64_t N,
+                        int64_t C) {
   for (int64_t n = 0; n < N; ++n)
     for (int64_t c = 0; c < C; ++c) dE[tokens[n] * C + c] += dout[n * C + c];
 }
@@ -100,9 +100,12 @@ void qkv_split_forward(T* q /*[N,H,D]*/, T* k /*[N,KVH,D]*/, T* v /*[N,KVH,D]*/,
       for (int64_t s = 0; s < G + 2; ++s)
         for (int64_t e = 0; e < D; ++e) {
           const T val = qkv[n * R + (g * (G + 2) + s) * D + e];
-          if (s < G) q[(n * H + g * G + s) * D + e] = val;
-          else if (s == G) k[(n * KVH + g) * D + e] = val;
-          else v[(n * KVH + g) * D + e] = val;
+          if (s < G)
+            q[(n * H + g * G + s) * D + e] = val;
+          else if (s == G)
+            k[(n * KVH + g) * D + e] = val;
+          else
+            v[(n * KVH + g) * D + e] = val;
         }
 }
 template <typename T>
@@ -114,9 +117,12 @@ void qkv_split_backward(T* dqkv /*[N,(H+2KVH)*D]*/, const T* dq, const T* dk, co
       for (int64_t s = 0; s < G + 2; ++s)
         for (int64_t e = 0; e < D; ++e) {
           T& o = dqkv[n * R + (g * (G + 2) + s) * D + e];
-          if (s < G) o = dq[(n * H + g * G + s) * D + e];
-          else if (s == G) o = dk[(n * KVH + g) * D + e];
-          else o = dv[(n * KVH + g) * D + e];
+          if (s < G)
+            o = dq[(n * H + g * G + s) * D + e];
+          else if (s == G)
+            o = dk[(n * KVH + g) * D + e];
+          else
+            o = dv[(n * KVH + g) * D + e];
         }
 }
 
@@ -138,8 +144,8 @@ void rope_forward(T* out /*[B,T,NH,D]*/, const T* x /*[B,T,NH,D]*/, const float*
       }
 }
 template <typename T>
-void rope_backward(T* dx, const T* dout, const float* cos, const float* sin, int64_t B,
-                   int64_t Tn, int64_t NH, int64_t D) {
+void rope_backward(T* dx, const T* dout, const float* cos, const float* sin, int64_t B, int64_t Tn,
+                   int64_t NH, int64_t D) {
   const int64_t D2 = D / 2;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < Tn; ++t)
