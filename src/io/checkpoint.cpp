@@ -125,6 +125,28 @@ void save_checkpoint(const std::string& path, const Config& cfg, const float* pa
   w.save(path, *root);
 }
 
+std::vector<std::pair<std::string, std::vector<int64_t>>> state_dict_shapes(const Config& c) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> r;
+  r.push_back({"tok_embeddings.weight", {c.V, c.C}});
+  for (int64_t l = 0; l < c.L; ++l) {
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    r.push_back({pre + "attention.qkv_linear.wq.weight", {c.H * c.D, c.C}});
+    r.push_back({pre + "attention.qkv_linear.wk.weight", {c.KVH * c.D, c.C}});
+    r.push_back({pre + "attention.qkv_linear.wv.weight", {c.KVH * c.D, c.C}});
+    r.push_back({pre + "attention.wo.weight", {c.C, c.H * c.D}});
+    r.push_back({pre + "attention.q_norm.weight", {c.D}});
+    r.push_back({pre + "attention.k_norm.weight", {c.D}});
+    r.push_back({pre + "feed_forward.w1.weight", {c.F, c.C}});
+    r.push_back({pre + "feed_forward.w2.weight", {c.C, c.F}});
+    r.push_back({pre + "feed_forward.w3.weight", {c.F, c.C}});
+    r.push_back({pre + "attention_norm.weight", {c.C}});
+    r.push_back({pre + "ffn_norm.weight", {c.C}});
+  }
+  r.push_back({"norm.weight", {c.C}});
+  r.push_back({"lm_head.weight", {c.V, c.C}});
+  return r;
+}
+
 // ------------------------------------------------------------------ reading
 
 namespace {
@@ -221,9 +243,11 @@ std::vector<float> PtReader::tensor(const std::string& name, const Value* v,
   int64_t numel = 1, last = t.offset;
   if (t.offset < 0) throw Error(where + ": negative storage offset");
   for (size_t i = 0; i < shape.size(); ++i) {
-    if (t.stride[i] < 0) throw Error(where + ": negative stride");
-    numel *= shape[i];
-    if (shape[i] > 0 && __builtin_add_overflow(last, (shape[i] - 1) * t.stride[i], &last))
+    if (t.stride[i] < 0 || shape[i] < 0) throw Error(where + ": negative size or stride");
+    int64_t span = 0;
+    if (__builtin_mul_overflow(numel, shape[i], &numel) ||
+        (shape[i] > 0 && (__builtin_mul_overflow(shape[i] - 1, t.stride[i], &span) ||
+                          __builtin_add_overflow(last, span, &last))))
       throw Error(where + ": view out of bounds");
   }
   if (numel > 0 && last >= t.storage_numel) throw Error(where + ": view runs past its storage");
@@ -299,6 +323,20 @@ Checkpoint load_checkpoint(const std::string& path) {
     for (auto& x : v->items) ck.rec.losses.push_back(num(*x));
   const Value& sd = need(root, "model", Value::Dict, path);
 
+  // every key and shape first: a mismatch is reported before anything large is allocated
+  const auto shapes = state_dict_shapes(c);
+  for (const auto& [key, shape] : shapes) {
+    const Value* v = sd.get(key);
+    if (!v) throw Error(path + ": " + key + ": missing from the state dict of a " + c.name);
+    if (v->kind != Value::Tensor)
+      throw Error(path + ": " + key + ": is a " + kind_name(v->kind) + ", not a tensor");
+    if (v->tensor.size != shape)
+      throw Error(path + ": " + key + ": shape " + shape_str(v->tensor.size) +
+                  " but the preset needs " + shape_str(shape));
+  }
+  if (sd.dict.size() != shapes.size())
+    throw Error(path + ": state dict has " + std::to_string(sd.dict.size()) + " entries, " + c.name +
+                " has " + std::to_string(shapes.size()));
   const ParamLayout p = make_layout(c);
   ck.params.assign(p.total, 0.0f);
   bool any_bf16 = false;
@@ -340,10 +378,6 @@ Checkpoint load_checkpoint(const std::string& path) {
   } else {
     load("lm_head.weight", p.lm_head, {c.V, c.C});
   }
-  const size_t expected_keys = 3 + c.L * 11;
-  if (sd.dict.size() != expected_keys)
-    throw Error(path + ": state dict has " + std::to_string(sd.dict.size()) + " entries, " +
-                c.name + " has " + std::to_string(expected_keys));
   ck.dtype = any_bf16 ? DType::bf16 : DType::f32;
   if (const Value* v = root.get("dtype"); v && v->kind == Value::Str) ck.dtype = parse_dtype(v->s);
   return ck;

@@ -44,6 +44,9 @@ struct TrainRecord {
   std::vector<double> losses;
 };
 
+// TorchTitan's state_dict() keys and shapes, in order (spec §8).
+std::vector<std::pair<std::string, std::vector<int64_t>>> state_dict_shapes(const Config& cfg);
+
 // The state dict of params (fp32 arena in make_layout order) in the given dtype.
 ValuePtr state_dict(PtWriter& w, const Config& cfg, const ParamLayout& layout, const float* params,
                     DType dtype);

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Bad input to the CLI: exit code 2, exactly one line on stderr, no output file left behind.
+set -u
+bin=$1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fails=0
+passes=0
+expect_error() {  # expect_error "what" args...
+  local what=$1
+  shift
+  "$bin" "$@" >"$dir/out" 2>"$dir/err"
+  local rc=$? lines
+  lines=$(wc -l <"$dir/err")
+  if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ls "$dir"/*.pt* >/dev/null 2>&1; then
+    echo "FAIL: $what: rc=$rc, stderr lines=$lines: $(head -c 300 "$dir/err")"
+    ls "$dir"
+    fails=$((fails + 1))
+  else
+    echo "ok: $what: $(cat "$dir/err")"
+    passes=$((passes + 1))
+  fi
+  rm -f "$dir"/*.pt*
+}
+out="--output $dir/x.pt"
+expect_error "unknown flag" train --bogus $out
+expect_error "no subcommand"
+expect_error "missing --output" train
+expect_error "seq-len 0" train --seq-len 0 $out
+expect_error "seq-len above the context" train --seq-len 4097 $out
+expect_error "negative steps" train --steps -1 $out
+expect_error "zero steps" train --steps 0 $out
+expect_error "non-numeric steps" train --steps ten $out
+expect_error "unknown preset" train --preset 7B $out
+expect_error "unknown dtype" train --dtype float16 $out
+expect_error "negative learning rate" train --learning-rate -0.1 $out
+expect_error "nan learning rate" train --learning-rate nan $out
+expect_error "zero batch" train --batch-size 0 $out
+expect_error "unknown backend" train --backend tpu $out
+expect_error "unwritable output folder" train --output /nonexistent/dir/x.pt
+expect_error "preset too large for memory" train --preset 32B $out
+expect_error "missing checkpoint" check "$dir/missing.pt"
+printf 'not a zip' >"$dir/text.bin"
+expect_error "non-zip checkpoint" check "$dir/text.bin"
+printf '\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19\x2e' >"$dir/legacy.bin"
+expect_error "legacy checkpoint" check "$dir/legacy.bin"
+# a real checkpoint, then truncated
+"$bin" train --steps 1 --dtype float32 --output "$dir/real.ckpt" >/dev/null 2>&1 || { echo "FAIL: could not train"; exit 1; }
+head -c 1000000 "$dir/real.ckpt" >"$dir/trunc.bin"
+expect_error "truncated checkpoint" check "$dir/trunc.bin"
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,246 @@
+// .pt writer and reader: exact bytes for the spec's example, round trips, and hostile files.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include "io/checkpoint.h"
+#include "model/init.h"
+
+namespace tq {
+namespace {
+
+std::string tmp_path(const std::string& name) {
+  return "/tmp/tq_test_" + std::to_string(getpid()) + "_" + name;
+}
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+void write_all(const std::string& path, const std::string& data) {
+  std::ofstream(path, std::ios::binary).write(data.data(), std::streamsize(data.size()));
+}
+
+TEST(Pickle, SpecWorkedExampleIsByteExact) {
+  TensorRef t;
+  t.key = "0", t.storage = "FloatStorage", t.storage_numel = 2;
+  ValuePtr d = v_dict();
+  dict_set(*d, "w", v_tensor(full_view(t, {2})));
+  const std::string hex =
+      "80027d2858010000007763746f7263682e5f7574696c730a5f72656275696c645f74656e736f725f76320a2828"
+      "580700000073746f72616765637"
+      "46f7263680a466c6f617453746f726167650a5801000000305803000000637075"
+      "4b0274514b004b02854b0185896363"
+      "6f6c6c656374696f6e730a4f726465726564446963740a295274527"
+      "52e";
+  std::string expect;
+  for (size_t i = 0; i < hex.size(); i += 2) expect.push_back(char(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  EXPECT_EQ(pickle_dumps(*d), expect);
+}
+
+TEST(Pickle, ValuesRoundTrip) {
+  ValuePtr d = v_dict(true);
+  const std::vector<int64_t> ints = {0, 255, 256, 65535, 65536, -1, -7, INT32_MIN, INT32_MAX,
+                                     int64_t(1) << 31, int64_t(1) << 40, -(int64_t(1) << 40),
+                                     INT64_MAX, INT64_MIN};
+  std::vector<ValuePtr> items;
+  for (int64_t i : ints) items.push_back(v_int(i));
+  dict_set(*d, "ints", v_list(items));
+  dict_set(*d, "f", v_float(7.735438123456789));
+  dict_set(*d, "neg", v_float(-0.0));
+  dict_set(*d, "s", v_str("ünïcode"));
+  dict_set(*d, "empty", v_str(""));
+  dict_set(*d, "t", v_bool(true));
+  dict_set(*d, "n", v_none());
+  dict_set(*d, "nested", v_dict());
+  const std::string bytes = pickle_dumps(*d);
+  ValuePtr r = pickle_loads(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  ASSERT_EQ(r->kind, Value::Dict);
+  EXPECT_TRUE(r->ordered);
+  const Value* li = r->get("ints");
+  ASSERT_TRUE(li);
+  ASSERT_EQ(li->items.size(), ints.size());
+  for (size_t i = 0; i < ints.size(); ++i) EXPECT_EQ(li->items[i]->i, ints[i]);
+  EXPECT_EQ(r->get("f")->f, 7.735438123456789);
+  EXPECT_TRUE(std::signbit(r->get("neg")->f));
+  EXPECT_EQ(r->get("s")->s, "ünïcode");
+  EXPECT_EQ(r->get("empty")->s, "");
+  EXPECT_TRUE(r->get("t")->b);
+  EXPECT_EQ(r->get("n")->kind, Value::None);
+  EXPECT_EQ(r->get("nested")->kind, Value::Dict);
+}
+
+TEST(Pickle, RejectsHostileStreams) {
+  const std::vector<std::string> bad = {
+      "",                                   // empty
+      "\x80\x02",                           // no STOP
+      "\x80\x02.",                          // STOP on an empty stack
+      "\x80\x04K\x01.",                     // protocol 4
+      "\x80\x02" "cos\nsystem\n.",          // forbidden global
+      "\x80\x02" "X\xff\xff\xff\x7f",       // string longer than the data
+      "\x80\x02h\x05.",                     // memo never stored
+      "\x80\x02K\x01K\x02u.",               // SETITEMS without MARK
+      "\x80\x02]K\x01s.",                   // SETITEM on a list
+      "\x80\x02" "\x8a\x09" "123456789.",   // int beyond 64 bits
+      "\x80\x02(t(K\x01tQ.",                // bad persistent id
+      "\x80\x02\x95.",                      // FRAME opcode
+  };
+  for (const std::string& s : bad)
+    EXPECT_THROW(pickle_loads(reinterpret_cast<const uint8_t*>(s.data()), s.size()), Error) << s;
+}
+
+class CheckpointRoundTrip : public ::testing::TestWithParam<DType> {};
+TEST_P(CheckpointRoundTrip, SavesAndLoadsEveryParameterExactly) {
+  const DType dtype = GetParam();
+  const Config& c = preset("debugmodel");
+  const ParamLayout p = make_layout(c);
+  std::vector<float> w(p.total);
+  init_params(w.data(), c, p, 5);
+  if (dtype == DType::bf16)
+    for (float& x : w) x = round_bf16(x);
+  TrainRecord rec;
+  rec.seq_len = 32, rec.seed = 5, rec.steps = 2, rec.learning_rate = 0.05;
+  rec.initial_loss = 7.5, rec.final_loss = 6.25, rec.losses = {7.5, 7.0};
+  const std::string path = tmp_path("rt.pt");
+  save_checkpoint(path, c, w.data(), dtype, rec);
+  EXPECT_NE(access((path + ".tmp." + std::to_string(getpid())).c_str(), F_OK), 0);
+  const Checkpoint ck = load_checkpoint(path);
+  EXPECT_EQ(ck.preset, "debugmodel");
+  EXPECT_EQ(ck.dtype, dtype);
+  EXPECT_EQ(ck.rec.seq_len, 32);
+  EXPECT_EQ(ck.rec.final_loss, 6.25);
+  EXPECT_EQ(ck.rec.losses, rec.losses);
+  EXPECT_EQ(ck.params, w);  // fused qkv split on save and fused back on load
+  // the zip layout: records 64-byte aligned, tied weight stored once (90 storages)
+  PtReader pt(path);
+  int records = 0;
+  for (const std::string& n : pt.zip.names()) {
+    EXPECT_EQ(pt.zip.entry(n).offset % 64, 0u) << n;
+    records += n.rfind("archive/data/", 0) == 0;
+  }
+  EXPECT_EQ(records, 90);
+  const Value* sd = pt.root->get("model");
+  EXPECT_EQ(sd->dict.size(), 91u);
+  EXPECT_EQ(sd->get("lm_head.weight")->tensor.key, sd->get("tok_embeddings.weight")->tensor.key);
+  std::remove(path.c_str());
+}
+INSTANTIATE_TEST_SUITE_P(DTypes, CheckpointRoundTrip, ::testing::Values(DType::f32, DType::bf16));
+
+// A small torch-style file holding one tensor view, written through our own writer.
+std::string one_tensor_file(const std::string& name, int64_t numel, TensorRef view_patch,
+                            bool patch = true) {
+  PtWriter w;
+  TensorRef t = w.add_storage("FloatStorage", numel, [=](uint8_t* b) {
+    for (int64_t i = 0; i < numel; ++i) reinterpret_cast<float*>(b)[i] = float(i);
+  });
+  TensorRef v = full_view(t, {numel});
+  if (patch) {
+    v.offset = view_patch.offset, v.size = view_patch.size, v.stride = view_patch.stride;
+    if (view_patch.storage_numel) v.storage_numel = view_patch.storage_numel;
+  }
+  ValuePtr d = v_dict();
+  dict_set(*d, "x", v_tensor(v));
+  const std::string path = tmp_path(name);
+  w.save(path, *d);
+  return path;
+}
+
+TEST(PtReader, ReadsStridedViewsAndRejectsOutOfBounds) {
+  TensorRef tr;  // transpose-like view of a 3x4 storage: size (4, 3), stride (1, 4)
+  tr.offset = 0, tr.size = {4, 3}, tr.stride = {1, 4};
+  const std::string ok = one_tensor_file("view.pt", 12, tr);
+  PtReader r(ok);
+  const std::vector<float> t = r.tensor("x", r.root->get("x"), {4, 3});
+  EXPECT_EQ(t, (std::vector<float>{0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11}));
+  EXPECT_THROW(r.tensor("x", r.root->get("x"), {3, 4}), Error);  // wrong shape
+  std::remove(ok.c_str());
+
+  TensorRef past;  // view runs past the storage
+  past.offset = 5, past.size = {8}, past.stride = {1};
+  TensorRef huge;  // overflowing strides
+  huge.offset = 0, huge.size = {2, 2}, huge.stride = {INT64_MAX / 2, 1};
+  TensorRef neg;
+  neg.offset = -1, neg.size = {2}, neg.stride = {1};
+  TensorRef lie;  // claims more elements than the record holds
+  lie.offset = 0, lie.size = {4}, lie.stride = {1}, lie.storage_numel = 1000;
+  for (const auto& [name, view] : std::vector<std::pair<std::string, TensorRef>>{
+           {"past", past}, {"huge", huge}, {"neg", neg}, {"lie", lie}}) {
+    const std::string path = one_tensor_file(name + ".pt", 12, view);
+    PtReader rr(path);
+    EXPECT_THROW(rr.tensor("x", rr.root->get("x"), view.size), Error) << name;
+    std::remove(path.c_str());
+  }
+}
+
+TEST(PtReader, RejectsForeignTruncatedAndCorruptFiles) {
+  const Config& c = preset("debugmodel");
+  std::vector<float> w(make_layout(c).total, 0.5f);
+  TrainRecord rec;
+  rec.seq_len = 32;
+  const std::string good = tmp_path("good.pt");
+  save_checkpoint(good, c, w.data(), DType::bf16, rec);
+  const std::string bytes = read_all(good);
+  const std::string bad = tmp_path("bad.pt");
+  auto rejects = [&](const std::string& data, const std::string& what) {
+    write_all(bad, data);
+    EXPECT_THROW(load_checkpoint(bad), Error) << what;
+  };
+  rejects("", "empty file");
+  rejects("hello world, not a checkpoint", "text");
+  rejects(std::string("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.", 15) + "xxxx",
+          "legacy format");
+  rejects("PYTORCH1" + std::string(100, '\0'), "preview format");
+  for (size_t cut : {size_t(4), size_t(100), bytes.size() / 2, bytes.size() - 30, bytes.size() - 1})
+    rejects(bytes.substr(0, cut), "truncated at " + std::to_string(cut));
+  EXPECT_THROW(load_checkpoint(tmp_path("does-not-exist.pt")), Error);
+  // random corruption of a small file must never crash (ASan/UBSan builds check the reads)
+  TensorRef none;
+  const std::string small = one_tensor_file("small.pt", 40, none, false);
+  const std::string sb = read_all(small);
+  std::mt19937 rng(1);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string m = sb;
+    for (int k = 0; k < 1 + trial % 4; ++k) m[rng() % m.size()] = char(rng());
+    write_all(bad, m);
+    try {
+      PtReader r(bad);
+      if (const Value* x = r.root->get("x")) r.tensor("x", x, x->tensor.size);
+    } catch (const Error&) {
+    }
+  }
+  std::remove(small.c_str());
+  std::remove(good.c_str());
+  std::remove(bad.c_str());
+}
+
+TEST(Checkpoint, RejectsMismatchedStateDicts) {
+  // a debugmodel state dict relabelled as 0.6B: the first key has the wrong shape
+  const Config& c = preset("debugmodel");
+  const ParamLayout p = make_layout(c);
+  std::vector<float> w(p.total, 0.25f);
+  PtWriter wr;
+  ValuePtr root = v_dict();
+  dict_set(*root, "model", state_dict(wr, c, p, w.data(), DType::f32));
+  ValuePtr conf = v_dict();
+  dict_set(*conf, "preset", v_str("0.6B"));
+  dict_set(*conf, "seq_len", v_int(32));
+  dict_set(*root, "config", conf);
+  dict_set(*root, "final_loss", v_float(1.0));
+  const std::string path = tmp_path("mismatch.pt");
+  wr.save(path, *root);
+  try {
+    load_checkpoint(path);
+    FAIL() << "loaded a mismatched checkpoint";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tok_embeddings.weight: shape [2048, 256] but the preset "
+                                         "needs [151936, 1024]"),
+              std::string::npos)
+        << e.what();
+  }
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace tq

@@ -1,0 +1,306 @@
+// Every layer: the reference tier against finite differences (double), and the fast CPU
+// tier against the reference, forward and backward, over several shapes including odd ones.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "cpu/layers.h"
+#include "model/qwen3.h"
+#include "ref/layers.h"
+#include "testing.h"
+
+namespace tq {
+namespace {
+
+using test::rel_l2;
+using test::randn;
+using test::to_d;
+using test::to_f;
+using Vec = std::vector<double>;
+using Fwd = std::function<Vec(const std::vector<Vec>&)>;
+
+// J(inputs) = sum(G * f(inputs)); compares analytic dJ/d(input k) with central differences
+// at up to 24 positions of every input.
+void fd_check(const Fwd& f, std::vector<Vec> in, const Vec& G, const std::vector<Vec>& grad,
+              double tol = 1e-6) {
+  auto J = [&](const std::vector<Vec>& x) {
+    const Vec y = f(x);
+    double s = 0;
+    for (size_t i = 0; i < y.size(); ++i) s += G[i] * y[i];
+    return s;
+  };
+  std::mt19937 rng(7);
+  for (size_t k = 0; k < in.size(); ++k) {
+    if (grad[k].empty()) continue;
+    for (int t = 0; t < 24; ++t) {
+      const size_t i = rng() % in[k].size();
+      const double h = 1e-5 * std::max(1.0, std::fabs(in[k][i])), x0 = in[k][i];
+      in[k][i] = x0 + h;
+      const double jp = J(in);
+      in[k][i] = x0 - h;
+      const double jm = J(in);
+      in[k][i] = x0;
+      const double num = (jp - jm) / (2 * h);
+      EXPECT_NEAR(grad[k][i], num, tol * std::max(1.0, std::fabs(num)))
+          << "input " << k << " index " << i;
+    }
+  }
+}
+
+constexpr double kFast = 2e-5;  // fp32 fast tier vs double reference, relative L2
+
+// ------------------------------------------------------------------ RMSNorm
+class RmsNorm : public ::testing::TestWithParam<std::tuple<int, int>> {};
+TEST_P(RmsNorm, MatchesReferenceAndFiniteDifferences) {
+  const auto [N, C] = GetParam();
+  Vec x = randn(N * C, 1), w = randn(C, 2, 0.5), G = randn(N * C, 3);
+  for (double& v : w) v += 1.0;
+  auto fwd = [&](const std::vector<Vec>& in) {
+    Vec y(N * C), r(N);
+    ref::rmsnorm_forward(y.data(), r.data(), in[0].data(), in[1].data(), N, C, 1e-6);
+    return y;
+  };
+  Vec y(N * C), r(N), dx(N * C), dw(C, 0.0);
+  ref::rmsnorm_forward(y.data(), r.data(), x.data(), w.data(), N, C, 1e-6);
+  ref::rmsnorm_backward(dx.data(), dw.data(), G.data(), x.data(), r.data(), w.data(), N, C);
+  fd_check(fwd, {x, w}, G, {dx, dw});
+
+  auto xf = to_f(x), wf = to_f(w), Gf = to_f(G);
+  std::vector<float> yf(N * C), rf(N), dxf(N * C), dwf(C, 1.0f);
+  cpu::rmsnorm_forward(yf.data(), rf.data(), xf.data(), wf.data(), N, C, 1e-6);
+  cpu::rmsnorm_backward(dxf.data(), dwf.data(), Gf.data(), xf.data(), rf.data(), wf.data(), N, C);
+  for (double& v : dw) v += 1.0;  // parameter grads accumulate
+  EXPECT_LT(rel_l2(yf, y), kFast);
+  EXPECT_LT(rel_l2(dxf, dx), kFast);
+  EXPECT_LT(rel_l2(dwf, dw), kFast);
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, RmsNorm,
+                         ::testing::Values(std::tuple{1, 3}, std::tuple{3, 7}, std::tuple{5, 128},
+                                           std::tuple{32, 256}, std::tuple{130, 33}));
+
+// ------------------------------------------------------------------ matmul
+class Matmul : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
+TEST_P(Matmul, MatchesReferenceAndFiniteDifferences) {
+  const auto [N, IC, OC] = GetParam();
+  Vec x = randn(N * IC, 1), W = randn(OC * IC, 2, 0.1), G = randn(N * OC, 3);
+  auto fwd = [&](const std::vector<Vec>& in) {
+    Vec y(N * OC);
+    ref::matmul_forward(y.data(), in[0].data(), in[1].data(), N, IC, OC);
+    return y;
+  };
+  Vec y(N * OC), dx(N * IC), dW(OC * IC, 0.0);
+  ref::matmul_forward(y.data(), x.data(), W.data(), N, IC, OC);
+  ref::matmul_backward(dx.data(), dW.data(), G.data(), x.data(), W.data(), N, IC, OC);
+  fd_check(fwd, {x, W}, G, {dx, dW});
+
+  auto xf = to_f(x), Wf = to_f(W), Gf = to_f(G);
+  std::vector<float> yf(N * OC), dxf(N * IC, 9.0f), dWf(OC * IC, 0.5f);
+  cpu::matmul_forward(yf.data(), xf.data(), Wf.data(), N, IC, OC);
+  cpu::matmul_backward(dxf.data(), dWf.data(), Gf.data(), xf.data(), Wf.data(), N, IC, OC);
+  for (double& v : dW) v += 0.5;
+  EXPECT_LT(rel_l2(yf, y), kFast);
+  EXPECT_LT(rel_l2(dxf, dx), kFast);  // overwritten, not accumulated
+  EXPECT_LT(rel_l2(dWf, dW), kFast);
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, Matmul,
+                         ::testing::Values(std::tuple{1, 1, 1}, std::tuple{3, 5, 7},
+                                           std::tuple{17, 33, 65}, std::tuple{32, 256, 100},
+                                           std::tuple{64, 19, 300}));
+
+// ------------------------------------------------------------------ attention (+ RoPE)
+struct AttnShape {
+  int B, T, H, KVH, D;
+};
+class Attention : public ::testing::TestWithParam<AttnShape> {};
+TEST_P(Attention, MatchesReferenceAndFiniteDifferences) {
+  const auto [B, T, H, KVH, D] = GetParam();
+  const int nq = B * T * H * D, nk = B * T * KVH * D;
+  Vec q = randn(nq, 1), k = randn(nk, 2), v = randn(nk, 3), G = randn(nq, 4);
+  auto fwd = [&](const std::vector<Vec>& in) {
+    Vec o(nq), lse(B * H * T);
+    ref::attention_forward(o.data(), lse.data(), in[0].data(), in[1].data(), in[2].data(), B, T, H,
+                           KVH, D);
+    return o;
+  };
+  Vec o(nq), lse(B * H * T), dq(nq), dk(nk), dv(nk);
+  ref::attention_forward(o.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, KVH, D);
+  ref::attention_backward(dq.data(), dk.data(), dv.data(), G.data(), o.data(), lse.data(), q.data(),
+                          k.data(), v.data(), B, T, H, KVH, D);
+  fd_check(fwd, {q, k, v}, G, {dq, dk, dv});
+  // causality: the first output of every head only sees v at position 0
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int e = 0; e < D; ++e)
+        EXPECT_NEAR(o[((b * T) * H + h) * D + e], v[((b * T) * KVH + h / (H / KVH)) * D + e], 1e-12);
+
+  auto qf = to_f(q), kf = to_f(k), vf = to_f(v), Gf = to_f(G);
+  std::vector<float> of(nq), lsef(B * H * T), dqf(nq, 3.0f), dkf(nk, 3.0f), dvf(nk, 3.0f);
+  cpu::attention_forward(of.data(), lsef.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH, D);
+  cpu::attention_backward(dqf.data(), dkf.data(), dvf.data(), Gf.data(), of.data(), lsef.data(),
+                          qf.data(), kf.data(), vf.data(), B, T, H, KVH, D);
+  EXPECT_LT(rel_l2(of, o), kFast);
+  EXPECT_LT(rel_l2(lsef, lse), kFast);
+  EXPECT_LT(rel_l2(dqf, dq), kFast);
+  EXPECT_LT(rel_l2(dkf, dk), kFast);
+  EXPECT_LT(rel_l2(dvf, dv), kFast);
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
+                         ::testing::Values(AttnShape{1, 1, 1, 1, 2}, AttnShape{2, 5, 4, 2, 8},
+                                           AttnShape{3, 7, 6, 3, 4}, AttnShape{2, 9, 4, 4, 6},
+                                           AttnShape{1, 6, 8, 1, 2}, AttnShape{1, 33, 4, 2, 16}));
+
+class Rope : public ::testing::TestWithParam<std::tuple<int, int, int, int>> {};
+TEST_P(Rope, MatchesReferenceAndFiniteDifferences) {
+  const auto [B, T, NH, D] = GetParam();
+  const int n = B * T * NH * D;
+  std::vector<float> cs, sn;
+  rope_tables(cs, sn, T, D, 1e6);
+  Vec x = randn(n, 1), G = randn(n, 2);
+  auto fwd = [&](const std::vector<Vec>& in) {
+    Vec y(n);
+    ref::rope_forward(y.data(), in[0].data(), cs.data(), sn.data(), B, T, NH, D);
+    return y;
+  };
+  Vec y(n), dx(n);
+  ref::rope_forward(y.data(), x.data(), cs.data(), sn.data(), B, T, NH, D);
+  ref::rope_backward(dx.data(), G.data(), cs.data(), sn.data(), B, T, NH, D);
+  fd_check(fwd, {x}, G, {dx});
+  auto xf = to_f(x), Gf = to_f(G);
+  std::vector<float> yf(n), dxf(n);
+  cpu::rope_forward(yf.data(), xf.data(), cs.data(), sn.data(), B, T, NH, D);
+  cpu::rope_backward(dxf.data(), Gf.data(), cs.data(), sn.data(), B, T, NH, D);
+  EXPECT_LT(rel_l2(yf, y), kFast);
+  EXPECT_LT(rel_l2(dxf, dx), kFast);
+  cpu::rope_forward(xf.data(), xf.data(), cs.data(), sn.data(), B, T, NH, D);  // in place
+  EXPECT_EQ(xf, yf);
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, Rope,
+                         ::testing::Values(std::tuple{1, 1, 1, 2}, std::tuple{2, 5, 3, 8},
+                                           std::tuple{1, 32, 4, 128}, std::tuple{3, 3, 2, 6}));
+
+TEST(RopeTables, MatchTorchInvFreqAndPositions) {
+  std::vector<float> cs, sn;
+  rope_tables(cs, sn, 4, 128, 1e6);
+  // torch 1.13 inv_freq[1] = 0x3f4e4bad (spec §5); at position 1 the angle is inv_freq itself
+  EXPECT_NEAR(std::acos(double(cs[64 + 1])), 0.80584222, 1e-6);
+  EXPECT_FLOAT_EQ(cs[0], 1.0f);
+  EXPECT_FLOAT_EQ(sn[0], 0.0f);
+  EXPECT_NEAR(sn[64], std::sin(1.0), 1e-7);  // inv_freq[0] = 1
+}
+
+// ------------------------------------------------------------------ SwiGLU
+class SwiGlu : public ::testing::TestWithParam<std::tuple<int, int>> {};
+TEST_P(SwiGlu, MatchesReferenceAndFiniteDifferences) {
+  const auto [N, F] = GetParam();
+  Vec ab = randn(N * 2 * F, 1, 2.0), G = randn(N * F, 2);
+  auto fwd = [&](const std::vector<Vec>& in) {
+    Vec y(N * F);
+    ref::swiglu_forward(y.data(), in[0].data(), N, F);
+    return y;
+  };
+  Vec y(N * F), dab(N * 2 * F);
+  ref::swiglu_forward(y.data(), ab.data(), N, F);
+  ref::swiglu_backward(dab.data(), G.data(), ab.data(), N, F);
+  fd_check(fwd, {ab}, G, {dab});
+  auto abf = to_f(ab), Gf = to_f(G);
+  std::vector<float> yf(N * F), dabf(N * 2 * F);
+  cpu::swiglu_forward(yf.data(), abf.data(), N, F);
+  cpu::swiglu_backward(dabf.data(), Gf.data(), abf.data(), N, F);
+  EXPECT_LT(rel_l2(yf, y), kFast);
+  EXPECT_LT(rel_l2(dabf, dab), kFast);
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, SwiGlu,
+                         ::testing::Values(std::tuple{1, 1}, std::tuple{3, 17}, std::tuple{32, 3072},
+                                           std::tuple{65, 40}));
+
+// ------------------------------------------------------------------ cross-entropy
+class CrossEntropy : public ::testing::TestWithParam<std::tuple<int, int>> {};
+TEST_P(CrossEntropy, MatchesReferenceAndFiniteDifferences) {
+  const auto [N, V] = GetParam();
+  Vec logits = randn(N * V, 1, 3.0);
+  std::vector<int32_t> tgt(N);
+  for (int n = 0; n < N; ++n) tgt[n] = (n * 7 + 3) % V;
+  Vec lse(N), d(N * V);
+  const double loss = ref::crossentropy_forward(lse.data(), logits.data(), tgt.data(), N, V);
+  ref::crossentropy_backward(d.data(), logits.data(), lse.data(), tgt.data(), N, V, 1.0 / N);
+  // J = loss itself: use a one-element "output" with G = 1
+  auto fwd = [&](const std::vector<Vec>& in) {
+    Vec l(N);
+    return Vec{ref::crossentropy_forward(l.data(), in[0].data(), tgt.data(), N, V)};
+  };
+  fd_check(fwd, {logits}, Vec{1.0}, {d});
+  // direct log-softmax definition
+  double direct = 0;
+  for (int n = 0; n < N; ++n) {
+    double s = 0;
+    for (int j = 0; j < V; ++j) s += std::exp(logits[n * V + j]);
+    direct += std::log(s) - logits[n * V + tgt[n]];
+  }
+  EXPECT_NEAR(loss, direct / N, 1e-12);
+  auto lf = to_f(logits);
+  std::vector<float> lsef(N);
+  const double lossf = cpu::crossentropy_forward(lsef.data(), lf.data(), tgt.data(), N, V);
+  EXPECT_NEAR(lossf, loss, 1e-5 * std::fabs(loss));
+  cpu::crossentropy_backward(lf.data(), lf.data(), lsef.data(), tgt.data(), N, V, 1.0 / N);
+  EXPECT_LT(rel_l2(lf, d), kFast);  // in place
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropy,
+                         ::testing::Values(std::tuple{1, 2}, std::tuple{5, 11}, std::tuple{32, 2048},
+                                           std::tuple{7, 1000}));
+
+// ------------------------------------------------------------------ embedding, qkv split
+TEST(Embedding, GathersAndScatterAddsRepeatedTokens) {
+  const int N = 6, C = 5, V = 4;
+  const std::vector<int32_t> tok = {0, 3, 3, 1, 0, 3};
+  Vec E = randn(V * C, 1), G = randn(N * C, 2);
+  auto fwd = [&](const std::vector<Vec>& in) {
+    Vec y(N * C);
+    ref::embedding_forward(y.data(), tok.data(), in[0].data(), N, C);
+    return y;
+  };
+  Vec dE(V * C, 0.0);
+  ref::embedding_backward(dE.data(), G.data(), tok.data(), N, C);
+  fd_check(fwd, {E}, G, {dE});
+  auto Ef = to_f(E), Gf = to_f(G);
+  std::vector<float> yf(N * C), dEf(V * C, 1.0f);
+  cpu::embedding_forward(yf.data(), tok.data(), Ef.data(), N, C);
+  cpu::embedding_backward(dEf.data(), Gf.data(), tok.data(), N, C);
+  for (double& v : dE) v += 1.0;
+  EXPECT_LT(rel_l2(yf, fwd({E})), 1e-7);
+  EXPECT_LT(rel_l2(dEf, dE), 1e-6);
+  for (int c = 0; c < C; ++c) EXPECT_DOUBLE_EQ(dE[2 * C + c], 1.0);  // unused token
+}
+
+TEST(QkvSplit, FollowsTheFusedRowLayoutAndRoundTrips) {
+  const int N = 3, H = 4, KVH = 2, D = 3, R = (H + 2 * KVH) * D;
+  std::vector<float> qkv(N * R);
+  for (int i = 0; i < N * R; ++i) qkv[i] = float(i);
+  std::vector<float> q(N * H * D), k(N * KVH * D), v(N * KVH * D), back(N * R);
+  cpu::qkv_split_forward(q.data(), k.data(), v.data(), qkv.data(), N, H, KVH, D);
+  // group 1 of row 2: q heads 2,3 then k head 1 then v head 1 (spec §3)
+  EXPECT_EQ(q[(2 * H + 3) * D + 1], qkv[2 * R + (1 * 4 + 1) * D + 1]);
+  EXPECT_EQ(k[(2 * KVH + 1) * D], qkv[2 * R + (1 * 4 + 2) * D]);
+  EXPECT_EQ(v[(2 * KVH + 1) * D + 2], qkv[2 * R + (1 * 4 + 3) * D + 2]);
+  std::vector<double> qd(q.size()), kd(k.size()), vd(v.size());
+  ref::qkv_split_forward(qd.data(), kd.data(), vd.data(), to_d(qkv).data(), N, H, KVH, D);
+  EXPECT_EQ(to_f(qd), q);
+  EXPECT_EQ(to_f(kd), k);
+  EXPECT_EQ(to_f(vd), v);
+  cpu::qkv_split_backward(back.data(), q.data(), k.data(), v.data(), N, H, KVH, D);
+  EXPECT_EQ(back, qkv);
+}
+
+TEST(Bf16, RoundsToNearestEven) {
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(round_bf16(1.0f + 0x1p-8f), 1.0f);              // tie -> even
+  EXPECT_EQ(round_bf16(1.0f + 3 * 0x1p-8f), 1.0f + 0x1p-6f);  // tie -> even (up)
+  EXPECT_EQ(round_bf16(1.0f + 0x1p-8f + 0x1p-20f), 1.0f + 0x1p-7f);
+  EXPECT_TRUE(std::isnan(round_bf16(NAN)));
+  EXPECT_EQ(round_bf16(INFINITY), INFINITY);
+  std::vector<float> x = {0.1f, -3.3f, 1e-30f};
+  cpu::round_bf16_inplace(x.data(), 3);
+  for (float f : x) EXPECT_EQ(f, round_bf16(f));
+}
+
+}  // namespace
+}  // namespace tq

@@ -1,0 +1,153 @@
+// Whole-model tests of the training step on small configs.
+#include <gtest/gtest.h>
+
+#include "cpu/layers.h"
+#include "model/init.h"
+#include "model/qwen3.h"
+#include "ref/model.h"
+#include "testing.h"
+
+namespace tq {
+namespace {
+
+Config tiny(bool tied = true) {
+  //        name    V   C   L  H  KVH D   F   ctx  theta tied eps
+  return {"tiny", 97, 32, 2, 4, 2, 16, 48, 64, 1e4, tied, 1e-6f};
+}
+
+TEST(Presets, ParameterCountsMatchTheSpec) {
+  const std::vector<std::pair<std::string, size_t>> expect = {
+      {"debugmodel", 31987968}, {"0.6B", 596049920},   {"1.7B", 1720574976}, {"4B", 4022468096},
+      {"8B", 8190735360},       {"14B", 14768307200}, {"32B", 32762123264}};
+  for (const auto& [name, n] : expect) EXPECT_EQ(make_layout(preset(name)).total, n) << name;
+  const ParamLayout p = make_layout(preset("debugmodel"));
+  EXPECT_EQ(p.params.size(), 74u);  // 9 per layer + final norm + tied embedding
+  EXPECT_EQ(p.lm_head, p.tok_emb);
+  EXPECT_EQ(p.layers[0].w3, p.layers[0].w1 + 3072 * 256);  // fused [2F, C] for one matmul
+  EXPECT_THROW(preset("7B"), Error);
+}
+
+std::vector<float> tiny_params(const Config& c) {
+  const ParamLayout p = make_layout(c);
+  std::vector<float> w(p.total);
+  init_params(w.data(), c, p, 3);
+  // perturb the norm weights away from 1 so their gradients are exercised
+  for (const ParamView& v : p.params)
+    if (v.shape.size() == 1)
+      for (size_t i = 0; i < v.numel; ++i) w[v.offset + i] = 1.0f + 0.1f * std::sin(float(i + v.offset));
+  return w;
+}
+
+TEST(Qwen3, ForwardMatchesTheReferenceModel) {
+  for (bool tied : {true, false}) {
+    const Config c = tiny(tied);
+    const std::vector<float> w = tiny_params(c);
+    Batch b = fixed_batch(2, 13, c.V);
+    for (size_t i = 0; i < b.tokens.size(); ++i) b.tokens[i] = int32_t((i * 31 + 5) % c.V);
+    Qwen3 m(c, DType::f32, 2, 13, cpu_ops());
+    m.set_params(w.data());
+    const double loss = m.forward(b);
+    int64_t hits_ref = 0;
+    const double ref_loss = ref::model_loss(c, w.data(), b, &hits_ref);
+    EXPECT_NEAR(loss, ref_loss, 1e-5) << "tied=" << tied;
+    EXPECT_EQ(m.correct(b), hits_ref);
+  }
+}
+
+// The analytic gradient against a directional finite difference of the reference model.
+TEST(Qwen3, GradientMatchesFiniteDifferences) {
+  for (bool tied : {true, false}) {
+    const Config c = tiny(tied);
+    const std::vector<float> w = tiny_params(c);
+    const Batch b = fixed_batch(2, 9, c.V);
+    Qwen3 m(c, DType::f32, 2, 9, cpu_ops());
+    m.set_params(w.data());
+    m.forward(b);
+    m.backward();
+    std::vector<float> g(w.size());
+    m.get_grads(g.data());
+    // per parameter tensor: d/dh L(w + h u) with u = the tensor's gradient direction
+    for (const ParamView& v : make_layout(c).params) {
+      double gg = 0;
+      for (size_t i = 0; i < v.numel; ++i) gg += double(g[v.offset + i]) * g[v.offset + i];
+      const double norm = std::sqrt(gg);
+      ASSERT_GT(norm, 0) << v.name;
+      const double h = 1e-3;
+      std::vector<float> wp = w, wm = w;
+      for (size_t i = 0; i < v.numel; ++i) {
+        const double u = g[v.offset + i] / norm;
+        wp[v.offset + i] += float(h * u);
+        wm[v.offset + i] -= float(h * u);
+      }
+      const double num =
+          (ref::model_loss(c, wp.data(), b) - ref::model_loss(c, wm.data(), b)) / (2 * h);
+      EXPECT_NEAR(num, norm, 1e-3 * norm + 1e-4) << v.name << " tied=" << tied;
+    }
+  }
+}
+
+TEST(Qwen3, RepeatedBatchGivesTheSameLossAndGradients) {
+  const Config c = tiny();
+  const std::vector<float> w = tiny_params(c);
+  std::vector<float> g1(w.size()), g3(w.size());
+  Qwen3 m1(c, DType::f32, 1, 11, cpu_ops()), m3(c, DType::f32, 3, 11, cpu_ops());
+  m1.set_params(w.data());
+  m3.set_params(w.data());
+  EXPECT_NEAR(m1.forward(fixed_batch(1, 11, c.V)), m3.forward(fixed_batch(3, 11, c.V)), 1e-6);
+  m1.backward();
+  m3.backward();
+  m1.get_grads(g1.data());
+  m3.get_grads(g3.data());
+  EXPECT_LT(test::rel_l2(g3, g1), 1e-5);
+}
+
+TEST(Qwen3, SgdStepLowersTheLossAndIsDeterministic) {
+  const Config c = tiny();
+  const std::vector<float> w = tiny_params(c);
+  const Batch b = fixed_batch(1, 16, c.V);
+  std::vector<double> runs[2];
+  for (auto& losses : runs) {
+    Qwen3 m(c, DType::f32, 1, 16, cpu_ops());
+    m.set_params(w.data());
+    for (int s = 0; s < 5; ++s) {
+      losses.push_back(m.forward(b));
+      m.backward();
+      m.sgd_update(0.5f);
+    }
+  }
+  EXPECT_EQ(runs[0], runs[1]);  // bit-for-bit for a fixed thread count
+  EXPECT_LT(runs[0].back(), runs[0].front());
+}
+
+TEST(Qwen3, Bf16KeepsParametersAndGradientsInBf16) {
+  const Config c = tiny();
+  const std::vector<float> w = tiny_params(c);
+  const Batch b = fixed_batch(1, 8, c.V);
+  Qwen3 m(c, DType::bf16, 1, 8, cpu_ops());
+  m.set_params(w.data());
+  std::vector<float> p(w.size()), g(w.size());
+  const double l0 = m.forward(b);
+  m.backward();
+  m.get_grads(g.data());
+  m.sgd_update(0.5f);
+  m.get_params(p.data());
+  for (size_t i = 0; i < p.size(); ++i) {
+    ASSERT_EQ(p[i], round_bf16(p[i])) << i;
+    ASSERT_EQ(g[i], round_bf16(g[i])) << i;
+  }
+  // close to the fp32 model on the same (rounded) weights
+  std::vector<float> wr = w;
+  cpu::round_bf16_inplace(wr.data(), int64_t(wr.size()));
+  EXPECT_NEAR(l0, ref::model_loss(c, wr.data(), b), 2e-2);
+}
+
+TEST(MemoryPlan, CountsEveryArena) {
+  const MemoryPlan mp = memory_plan(preset("debugmodel"), 1, 32);
+  EXPECT_EQ(mp.params, 31987968u * 4);
+  EXPECT_EQ(mp.grads, mp.params);
+  EXPECT_GT(mp.activations, 32u * 2048 * 4);  // at least the logits
+  EXPECT_LT(mp.activations, 64u << 20);
+}
+
+}  // namespace
+}  // namespace tq
