@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages tiny-qwen3 needs. `deps.sh` for building and training,
+# `deps.sh --test` adds the test tools (GoogleTest, Debian's PyTorch for the parity tests).
+set -euo pipefail
+pkgs=(g++ cmake make libopenblas-openmp-dev libcli11-dev zlib1g-dev)
+if [ "${1:-}" = "--test" ]; then
+  pkgs+=(libgtest-dev python3-torch)
+fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo=sudo
+echo "installing: ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

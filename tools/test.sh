@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Every test: install, build (release, and again with ASan/UBSan), run CTest on both.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bash "$root/tools/deps.sh" --test
+jobs=$(nproc)
+cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$root/build" -j"$jobs"
+(cd "$root/build" && ctest --output-on-failure -j"$jobs")
+# Sanitizers on the C++ unit tests (hostile files included); the parity tests are the
+# release build's job.
+cmake -S "$root" -B "$root/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTQ_SANITIZE=ON >/dev/null
+cmake --build "$root/build-asan" -j"$jobs" --target tq_tests tiny-qwen3
+(cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$jobs" -E torch_parity)
