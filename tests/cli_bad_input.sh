@@ -48,5 +48,24 @@ expect_error "legacy checkpoint" check "$dir/legacy.bin"
 "$bin" train --steps 1 --dtype float32 --output "$dir/real.ckpt" >/dev/null 2>&1 || { echo "FAIL: could not train"; exit 1; }
 head -c 1000000 "$dir/real.ckpt" >"$dir/trunc.bin"
 expect_error "truncated checkpoint" check "$dir/trunc.bin"
+# training that fails: exit 1, a FAILED line, the checkpoint kept under a name that says so
+expect_failed_run() {  # what args...
+  local what=$1
+  shift
+  "$bin" train --dtype float32 --output "$dir/run.pt" "$@" >"$dir/out" 2>"$dir/err"
+  local rc=$?
+  if [ "$rc" -eq 1 ] && grep -q '^training: FAILED: ' "$dir/out" && [ -f "$dir/run.FAILED.pt" ] &&
+    [ ! -e "$dir/run.pt" ]; then
+    echo "ok: $what: $(grep FAILED "$dir/out" | tail -1)"
+    passes=$((passes + 1))
+  else
+    echo "FAIL: $what: rc=$rc"
+    cat "$dir/out" "$dir/err"
+    fails=$((fails + 1))
+  fi
+  rm -f "$dir"/run*
+}
+expect_failed_run "diverging loss (NaN)" --learning-rate 1e30 --steps 4
+expect_failed_run "loss not falling" --learning-rate 1e-9 --steps 2
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
