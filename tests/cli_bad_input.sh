@@ -9,7 +9,10 @@ passes=0
 expect_error() {  # expect_error "what" args...
   local what=$1
   shift
-  "$bin" "$@" >"$dir/out" 2>"$dir/err"
+  (
+    [ -n "${fsize:-}" ] && ulimit -f "$fsize"
+    exec "$bin" "$@"
+  ) >"$dir/out" 2>"$dir/err"
   local rc=$? lines
   lines=$(wc -l <"$dir/err")
   if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ls "$dir"/*.pt* >/dev/null 2>&1; then
@@ -39,6 +42,11 @@ expect_error "zero batch" train --batch-size 0 $out
 expect_error "unknown backend" train --backend tpu $out
 expect_error "unwritable output folder" train --output /nonexistent/dir/x.pt
 expect_error "preset too large for memory" train --preset 32B $out
+mkdir "$dir/folder"
+expect_error "output is a folder" train --output "$dir/folder"
+rmdir "$dir/folder"
+# a full disk (a 2 MB file-size limit): the error names it, no partial file is left
+fsize=2048 expect_error "disk full while saving" train --steps 1 $out
 expect_error "missing checkpoint" check "$dir/missing.pt"
 printf 'not a zip' >"$dir/text.bin"
 expect_error "non-zip checkpoint" check "$dir/text.bin"

@@ -1,5 +1,8 @@
 // tiny-qwen3: train the walkthrough's Qwen3 and check checkpoints.
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -56,6 +59,12 @@ double available_memory_bytes() {
   return INFINITY;
 }
 
+std::string fmt_g(double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
 int default_threads() {
   const unsigned n = std::thread::hardware_concurrency();
   return n ? int(n) : 1;
@@ -82,7 +91,7 @@ void validate(const TrainArgs& a) {
     throw Error("--steps must be at least 1, got " + std::to_string(a.steps));
   if (a.seed < 0) throw Error("--seed must be non-negative, got " + std::to_string(a.seed));
   if (!std::isfinite(a.lr) || a.lr <= 0)
-    throw Error("--learning-rate must be a positive number, got " + std::to_string(a.lr));
+    throw Error("--learning-rate must be a positive number, got " + fmt_g(a.lr));
   if (a.threads < 0 || a.threads > 4096)
     throw Error("--threads must be in 1..4096, got " + std::to_string(a.threads));
   for (const std::string& out : {a.output, a.dump_first_step}) {
@@ -90,14 +99,22 @@ void validate(const TrainArgs& a) {
     const size_t slash = out.rfind('/');
     const std::string dir = slash == std::string::npos ? "." : out.substr(0, slash + 1);
     if (access(dir.c_str(), W_OK) != 0) throw Error("cannot write to folder " + dir + " of " + out);
+    struct stat st;
+    if (stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      throw Error(out + " is a folder; give a file name for the checkpoint");
   }
   const MemoryPlan plan = memory_plan(c, a.batch_size, a.seq_len);
   // + one host fp32 copy of the parameters for init and checkpointing
   const double need = double(plan.total() + plan.params), have = available_memory_bytes();
-  if (need > have)
-    throw Error(c.name + " at B=" + std::to_string(a.batch_size) +
-                ", T=" + std::to_string(a.seq_len) + " needs " + std::to_string(need / (1 << 30)) +
-                " GiB, only " + std::to_string(have / (1 << 30)) + " GiB available");
+  if (need > have) {
+    char msg[256];
+    std::snprintf(msg, sizeof msg,
+                  "%s at B=%lld, T=%lld needs %.1f GiB (parameters, gradients, activations), "
+                  "only %.1f GiB available",
+                  c.name.c_str(), (long long)a.batch_size, (long long)a.seq_len, need / (1 << 30),
+                  have / (1 << 30));
+    throw Error(msg);
+  }
 }
 
 // Dumps the initial parameters, the first step's gradients and its loss (parity tests).
@@ -214,6 +231,7 @@ int check(const std::string& path, int threads) {
 
 int main(int argc, char** argv) {
   using namespace tq;
+  std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit then fails the write with a message
   CLI::App app{"tiny-qwen3: train TorchTitan's Qwen3 in C++ and check PyTorch checkpoints"};
   app.require_subcommand(1);
   TrainArgs a;
