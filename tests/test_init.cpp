@@ -19,13 +19,14 @@ TEST(TorchRng, UniformMatchesTorch) {
 
 TEST(TorchRng, NormalMatchesTorch) {
   // fp32 libm vs torch's vectorized Cephes-style routines: a few 1e-8 apart (spec §9)
-  // torch.manual_seed(0); a = torch.empty(32).normal_(0, 0.02); b = torch.empty(20).normal_(0, 0.02)
+  // torch.manual_seed(0); a = torch.empty(32).normal_(0, 0.02); b = torch.empty(20).normal_(0,
+  // 0.02)
   TorchRng r(0);
   std::vector<float> a(32), b(20);
   r.normal(a.data(), 32, 0.02f);
   r.normal(b.data(), 20, 0.02f);
   const std::vector<std::pair<int, double>> ea = {
-      {0, -0.022516796365380287}, {1, -0.023047203198075294}, {7, -0.0423043854534626},
+      {0, -0.022516796365380287}, {1, -0.023047203198075294},  {7, -0.0423043854534626},
       {8, 0.006445498205721378},  {15, -0.004945563152432442}, {16, -0.027053074911236763},
       {31, -0.01687353476881981}};
   for (auto [i, v] : ea) EXPECT_NEAR(a[i], v, 5e-8) << i;
@@ -48,7 +49,8 @@ TEST(Init, FollowsTorchTitanLayoutAndDistributions) {
   init_params(w.data(), c, p, 0);
   for (const ParamView& v : p.params) {
     double s = 0, ss = 0;
-    for (size_t i = 0; i < v.numel; ++i) s += w[v.offset + i], ss += double(w[v.offset + i]) * w[v.offset + i];
+    for (size_t i = 0; i < v.numel; ++i)
+      s += w[v.offset + i], ss += double(w[v.offset + i]) * w[v.offset + i];
     const double mean = s / v.numel, sd = std::sqrt(ss / v.numel - mean * mean);
     if (v.shape.size() == 1) {
       EXPECT_EQ(mean, 1.0) << v.name;

@@ -36,15 +36,27 @@ TEST(Pickle, SpecWorkedExampleIsByteExact) {
       "6f6c6c656374696f6e730a4f726465726564446963740a295274527"
       "52e";
   std::string expect;
-  for (size_t i = 0; i < hex.size(); i += 2) expect.push_back(char(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  for (size_t i = 0; i < hex.size(); i += 2)
+    expect.push_back(char(std::stoi(hex.substr(i, 2), nullptr, 16)));
   EXPECT_EQ(pickle_dumps(*d), expect);
 }
 
 TEST(Pickle, ValuesRoundTrip) {
   ValuePtr d = v_dict(true);
-  const std::vector<int64_t> ints = {0, 255, 256, 65535, 65536, -1, -7, INT32_MIN, INT32_MAX,
-                                     int64_t(1) << 31, int64_t(1) << 40, -(int64_t(1) << 40),
-                                     INT64_MAX, INT64_MIN};
+  const std::vector<int64_t> ints = {0,
+                                     255,
+                                     256,
+                                     65535,
+                                     65536,
+                                     -1,
+                                     -7,
+                                     INT32_MIN,
+                                     INT32_MAX,
+                                     int64_t(1) << 31,
+                                     int64_t(1) << 40,
+                                     -(int64_t(1) << 40),
+                                     INT64_MAX,
+                                     INT64_MIN};
   std::vector<ValuePtr> items;
   for (int64_t i : ints) items.push_back(v_int(i));
   dict_set(*d, "ints", v_list(items));
@@ -74,18 +86,22 @@ TEST(Pickle, ValuesRoundTrip) {
 
 TEST(Pickle, RejectsHostileStreams) {
   const std::vector<std::string> bad = {
-      "",                                   // empty
-      "\x80\x02",                           // no STOP
-      "\x80\x02.",                          // STOP on an empty stack
-      "\x80\x04K\x01.",                     // protocol 4
-      "\x80\x02" "cos\nsystem\n.",          // forbidden global
-      "\x80\x02" "X\xff\xff\xff\x7f",       // string longer than the data
-      "\x80\x02h\x05.",                     // memo never stored
-      "\x80\x02K\x01K\x02u.",               // SETITEMS without MARK
-      "\x80\x02]K\x01s.",                   // SETITEM on a list
-      "\x80\x02" "\x8a\x09" "123456789.",   // int beyond 64 bits
-      "\x80\x02(t(K\x01tQ.",                // bad persistent id
-      "\x80\x02\x95.",                      // FRAME opcode
+      "",                // empty
+      "\x80\x02",        // no STOP
+      "\x80\x02.",       // STOP on an empty stack
+      "\x80\x04K\x01.",  // protocol 4
+      "\x80\x02"
+      "cos\nsystem\n.",  // forbidden global
+      "\x80\x02"
+      "X\xff\xff\xff\x7f",     // string longer than the data
+      "\x80\x02h\x05.",        // memo never stored
+      "\x80\x02K\x01K\x02u.",  // SETITEMS without MARK
+      "\x80\x02]K\x01s.",      // SETITEM on a list
+      "\x80\x02"
+      "\x8a\x09"
+      "123456789.",           // int beyond 64 bits
+      "\x80\x02(t(K\x01tQ.",  // bad persistent id
+      "\x80\x02\x95.",        // FRAME opcode
   };
   for (const std::string& s : bad)
     EXPECT_THROW(pickle_loads(reinterpret_cast<const uint8_t*>(s.data()), s.size()), Error) << s;

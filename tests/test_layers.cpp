@@ -12,8 +12,8 @@
 namespace tq {
 namespace {
 
-using test::rel_l2;
 using test::randn;
+using test::rel_l2;
 using test::to_d;
 using test::to_f;
 using Vec = std::vector<double>;
@@ -131,7 +131,8 @@ TEST_P(Attention, MatchesReferenceAndFiniteDifferences) {
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
       for (int e = 0; e < D; ++e)
-        EXPECT_NEAR(o[((b * T) * H + h) * D + e], v[((b * T) * KVH + h / (H / KVH)) * D + e], 1e-12);
+        EXPECT_NEAR(o[((b * T) * H + h) * D + e], v[((b * T) * KVH + h / (H / KVH)) * D + e],
+                    1e-12);
 
   auto qf = to_f(q), kf = to_f(k), vf = to_f(v), Gf = to_f(G);
   std::vector<float> of(nq), lsef(B * H * T), dqf(nq, 3.0f), dkf(nk, 3.0f), dvf(nk, 3.0f);
@@ -210,8 +211,8 @@ TEST_P(SwiGlu, MatchesReferenceAndFiniteDifferences) {
   EXPECT_LT(rel_l2(dabf, dab), kFast);
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, SwiGlu,
-                         ::testing::Values(std::tuple{1, 1}, std::tuple{3, 17}, std::tuple{32, 3072},
-                                           std::tuple{65, 40}));
+                         ::testing::Values(std::tuple{1, 1}, std::tuple{3, 17},
+                                           std::tuple{32, 3072}, std::tuple{65, 40}));
 
 // ------------------------------------------------------------------ cross-entropy
 class CrossEntropy : public ::testing::TestWithParam<std::tuple<int, int>> {};
@@ -245,8 +246,8 @@ TEST_P(CrossEntropy, MatchesReferenceAndFiniteDifferences) {
   EXPECT_LT(rel_l2(lf, d), kFast);  // in place
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropy,
-                         ::testing::Values(std::tuple{1, 2}, std::tuple{5, 11}, std::tuple{32, 2048},
-                                           std::tuple{7, 1000}));
+                         ::testing::Values(std::tuple{1, 2}, std::tuple{5, 11},
+                                           std::tuple{32, 2048}, std::tuple{7, 1000}));
 
 // ------------------------------------------------------------------ embedding, qkv split
 TEST(Embedding, GathersAndScatterAddsRepeatedTokens) {
@@ -292,7 +293,7 @@ TEST(QkvSplit, FollowsTheFusedRowLayoutAndRoundTrips) {
 
 TEST(Bf16, RoundsToNearestEven) {
   EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
-  EXPECT_EQ(round_bf16(1.0f + 0x1p-8f), 1.0f);              // tie -> even
+  EXPECT_EQ(round_bf16(1.0f + 0x1p-8f), 1.0f);                // tie -> even
   EXPECT_EQ(round_bf16(1.0f + 3 * 0x1p-8f), 1.0f + 0x1p-6f);  // tie -> even (up)
   EXPECT_EQ(round_bf16(1.0f + 0x1p-8f + 0x1p-20f), 1.0f + 0x1p-7f);
   EXPECT_TRUE(std::isnan(round_bf16(NAN)));

@@ -17,7 +17,7 @@ Config tiny(bool tied = true) {
 
 TEST(Presets, ParameterCountsMatchTheSpec) {
   const std::vector<std::pair<std::string, size_t>> expect = {
-      {"debugmodel", 31987968}, {"0.6B", 596049920},   {"1.7B", 1720574976}, {"4B", 4022468096},
+      {"debugmodel", 31987968}, {"0.6B", 596049920},  {"1.7B", 1720574976}, {"4B", 4022468096},
       {"8B", 8190735360},       {"14B", 14768307200}, {"32B", 32762123264}};
   for (const auto& [name, n] : expect) EXPECT_EQ(make_layout(preset(name)).total, n) << name;
   const ParamLayout p = make_layout(preset("debugmodel"));
@@ -34,7 +34,8 @@ std::vector<float> tiny_params(const Config& c) {
   // perturb the norm weights away from 1 so their gradients are exercised
   for (const ParamView& v : p.params)
     if (v.shape.size() == 1)
-      for (size_t i = 0; i < v.numel; ++i) w[v.offset + i] = 1.0f + 0.1f * std::sin(float(i + v.offset));
+      for (size_t i = 0; i < v.numel; ++i)
+        w[v.offset + i] = 1.0f + 0.1f * std::sin(float(i + v.offset));
   return w;
 }
 

@@ -13,8 +13,12 @@ inline std::vector<double> randn(size_t n, uint32_t seed, double scale = 1.0) {
   for (double& x : v) x = d(g);
   return v;
 }
-inline std::vector<float> to_f(const std::vector<double>& v) { return {v.begin(), v.end()}; }
-inline std::vector<double> to_d(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+inline std::vector<float> to_f(const std::vector<double>& v) {
+  return {v.begin(), v.end()};
+}
+inline std::vector<double> to_d(const std::vector<float>& v) {
+  return {v.begin(), v.end()};
+}
 
 // ||a - b|| / max(||b||, 1e-4)
 template <typename A, typename B>

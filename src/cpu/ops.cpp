@@ -1,5 +1,8 @@
 #include "model/ops.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -10,10 +13,15 @@
 namespace tq {
 namespace {
 
+// Large arenas on 2 MiB pages: first-touch page faults otherwise dominate start-up
+// (seconds for the 0.6B preset in a VM).
 float* host_alloc(size_t n) {
+  const size_t bytes = std::max<size_t>(n, 1) * sizeof(float);
+  const size_t align = bytes >= (2u << 20) ? (2u << 20) : 64;
   void* p = nullptr;
-  if (posix_memalign(&p, 64, std::max<size_t>(n, 1) * sizeof(float)) != 0) throw std::bad_alloc();
-  std::memset(p, 0, n * sizeof(float));
+  if (posix_memalign(&p, align, bytes) != 0) throw std::bad_alloc();
+  if (align > 64) madvise(p, bytes, MADV_HUGEPAGE);
+  std::memset(p, 0, bytes);
   return static_cast<float*>(p);
 }
 void host_release(float* p) {

@@ -335,8 +335,8 @@ Checkpoint load_checkpoint(const std::string& path) {
                   " but the preset needs " + shape_str(shape));
   }
   if (sd.dict.size() != shapes.size())
-    throw Error(path + ": state dict has " + std::to_string(sd.dict.size()) + " entries, " + c.name +
-                " has " + std::to_string(shapes.size()));
+    throw Error(path + ": state dict has " + std::to_string(sd.dict.size()) + " entries, " +
+                c.name + " has " + std::to_string(shapes.size()));
   const ParamLayout p = make_layout(c);
   ck.params.assign(p.total, 0.0f);
   bool any_bf16 = false;
