@@ -55,51 +55,70 @@ static void encode(uint8_t* out, const float* src, int64_t n, DType dtype) {
   for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(src[i]);
 }
 
+std::vector<StateEntry> state_dict_entries(const Config& c, const ParamLayout& p) {
+  std::vector<StateEntry> r;
+  auto plain = [&](std::string key, std::vector<int64_t> shape, size_t off) {
+    r.push_back({std::move(key), std::move(shape), off, -1, 0, false});
+  };
+  const int64_t G = c.H / c.KVH;
+  plain("tok_embeddings.weight", {c.V, c.C}, p.tok_emb);
+  for (int64_t l = 0; l < c.L; ++l) {
+    const ParamLayout::Layer& ly = p.layers[l];
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    const std::string qkv = pre + "attention.qkv_linear.";
+    r.push_back({qkv + "wq.weight", {c.H * c.D, c.C}, ly.wqkv, 0, G, false});
+    r.push_back({qkv + "wk.weight", {c.KVH * c.D, c.C}, ly.wqkv, G, 1, false});
+    r.push_back({qkv + "wv.weight", {c.KVH * c.D, c.C}, ly.wqkv, G + 1, 1, false});
+    plain(pre + "attention.wo.weight", {c.C, c.H * c.D}, ly.wo);
+    plain(pre + "attention.q_norm.weight", {c.D}, ly.q_norm);
+    plain(pre + "attention.k_norm.weight", {c.D}, ly.k_norm);
+    plain(pre + "feed_forward.w1.weight", {c.F, c.C}, ly.w1);
+    plain(pre + "feed_forward.w2.weight", {c.C, c.F}, ly.w2);
+    plain(pre + "feed_forward.w3.weight", {c.F, c.C}, ly.w3);
+    plain(pre + "attention_norm.weight", {c.C}, ly.attn_norm);
+    plain(pre + "ffn_norm.weight", {c.C}, ly.ffn_norm);
+  }
+  plain("norm.weight", {c.C}, p.norm);
+  r.push_back({"lm_head.weight", {c.V, c.C}, p.lm_head, -1, 0, c.tied});
+  return r;
+}
+
+// Where entry e's dense tensor lies in the arena: (arena offset, dense offset, count) runs.
+// The q/k/v entries are slots [slot0, slot0+slots) of every kv group of the fused rows (§3).
+struct Run {
+  size_t arena, dense, n;
+};
+static std::vector<Run> entry_runs(const Config& c, const StateEntry& e) {
+  size_t n = 1;
+  for (int64_t s : e.shape) n *= size_t(s);
+  if (e.slot0 < 0) return {{e.offset, 0, n}};
+  const size_t G = c.H / c.KVH, DC = c.D * c.C, chunk = e.slots * DC;
+  std::vector<Run> runs;
+  for (size_t g = 0; g < size_t(c.KVH); ++g)
+    runs.push_back({e.offset + (g * (G + 2) + e.slot0) * DC, g * chunk, chunk});
+  return runs;
+}
+
 ValuePtr state_dict(PtWriter& w, const Config& c, const ParamLayout& p, const float* params,
                     DType dtype) {
   const std::string cls = dtype == DType::f32 ? "FloatStorage" : "BFloat16Storage";
   ValuePtr sd = v_dict(true);
-  auto plain = [&](const std::string& key, size_t off, std::vector<int64_t> shape) {
+  TensorRef emb;
+  for (const StateEntry& e : state_dict_entries(c, p)) {
     int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    TensorRef t = w.add_storage(cls, n, [=](uint8_t* b) { encode(b, params + off, n, dtype); });
-    dict_set(*sd, key, v_tensor(full_view(t, shape)));
-    return t;
-  };
-  const TensorRef emb = plain("tok_embeddings.weight", p.tok_emb, {c.V, c.C});
-  const int64_t G = c.H / c.KVH, DC = c.D * c.C;
-  for (int64_t l = 0; l < c.L; ++l) {
-    const ParamLayout::Layer& ly = p.layers[l];
-    const std::string pre = "layers." + std::to_string(l) + ".";
-    // de-interleave the fused rows (spec §3): slot s of group g, for s in [s0, s0+ns)
-    auto split = [&](const std::string& key, int64_t s0, int64_t ns) {
-      const float* wqkv = params + ly.wqkv;
-      const int64_t n = c.KVH * ns * DC;
-      TensorRef t = w.add_storage(cls, n, [=](uint8_t* b) {
-        std::vector<float> tmp(n);
-        for (int64_t g = 0; g < c.KVH; ++g)
-          std::memcpy(tmp.data() + g * ns * DC, wqkv + (g * (G + 2) + s0) * DC, ns * DC * 4);
-        encode(b, tmp.data(), n, dtype);
-      });
-      dict_set(*sd, key, v_tensor(full_view(t, {c.KVH * ns * c.D, c.C})));
-    };
-    split(pre + "attention.qkv_linear.wq.weight", 0, G);
-    split(pre + "attention.qkv_linear.wk.weight", G, 1);
-    split(pre + "attention.qkv_linear.wv.weight", G + 1, 1);
-    plain(pre + "attention.wo.weight", ly.wo, {c.C, c.H * c.D});
-    plain(pre + "attention.q_norm.weight", ly.q_norm, {c.D});
-    plain(pre + "attention.k_norm.weight", ly.k_norm, {c.D});
-    plain(pre + "feed_forward.w1.weight", ly.w1, {c.F, c.C});
-    plain(pre + "feed_forward.w2.weight", ly.w2, {c.C, c.F});
-    plain(pre + "feed_forward.w3.weight", ly.w3, {c.F, c.C});
-    plain(pre + "attention_norm.weight", ly.attn_norm, {c.C});
-    plain(pre + "ffn_norm.weight", ly.ffn_norm, {c.C});
+    for (int64_t s : e.shape) n *= s;
+    if (e.tied_copy) {  // the same storage again: written once, loaded as one tensor
+      dict_set(*sd, e.key, v_tensor(full_view(emb, e.shape)));
+      continue;
+    }
+    TensorRef t = w.add_storage(cls, n, [=, &c](uint8_t* b) {
+      std::vector<float> tmp(n);
+      for (const Run& r : entry_runs(c, e)) std::memcpy(&tmp[r.dense], params + r.arena, r.n * 4);
+      encode(b, tmp.data(), n, dtype);
+    });
+    if (e.key == "tok_embeddings.weight") emb = t;
+    dict_set(*sd, e.key, v_tensor(full_view(t, e.shape)));
   }
-  plain("norm.weight", p.norm, {c.C});
-  if (c.tied)
-    dict_set(*sd, "lm_head.weight", v_tensor(full_view(emb, {c.V, c.C})));
-  else
-    plain("lm_head.weight", p.lm_head, {c.V, c.C});
   return sd;
 }
 
@@ -123,28 +142,6 @@ void save_checkpoint(const std::string& path, const Config& cfg, const float* pa
   dict_set(*root, "losses", v_list(losses));
   dict_set(*root, "format", v_str(kCheckpointFormat));
   w.save(path, *root);
-}
-
-std::vector<std::pair<std::string, std::vector<int64_t>>> state_dict_shapes(const Config& c) {
-  std::vector<std::pair<std::string, std::vector<int64_t>>> r;
-  r.push_back({"tok_embeddings.weight", {c.V, c.C}});
-  for (int64_t l = 0; l < c.L; ++l) {
-    const std::string pre = "layers." + std::to_string(l) + ".";
-    r.push_back({pre + "attention.qkv_linear.wq.weight", {c.H * c.D, c.C}});
-    r.push_back({pre + "attention.qkv_linear.wk.weight", {c.KVH * c.D, c.C}});
-    r.push_back({pre + "attention.qkv_linear.wv.weight", {c.KVH * c.D, c.C}});
-    r.push_back({pre + "attention.wo.weight", {c.C, c.H * c.D}});
-    r.push_back({pre + "attention.q_norm.weight", {c.D}});
-    r.push_back({pre + "attention.k_norm.weight", {c.D}});
-    r.push_back({pre + "feed_forward.w1.weight", {c.F, c.C}});
-    r.push_back({pre + "feed_forward.w2.weight", {c.C, c.F}});
-    r.push_back({pre + "feed_forward.w3.weight", {c.F, c.C}});
-    r.push_back({pre + "attention_norm.weight", {c.C}});
-    r.push_back({pre + "ffn_norm.weight", {c.C}});
-  }
-  r.push_back({"norm.weight", {c.C}});
-  r.push_back({"lm_head.weight", {c.V, c.C}});
-  return r;
 }
 
 // ------------------------------------------------------------------ reading
@@ -324,59 +321,32 @@ Checkpoint load_checkpoint(const std::string& path) {
   const Value& sd = need(root, "model", Value::Dict, path);
 
   // every key and shape first: a mismatch is reported before anything large is allocated
-  const auto shapes = state_dict_shapes(c);
-  for (const auto& [key, shape] : shapes) {
-    const Value* v = sd.get(key);
-    if (!v) throw Error(path + ": " + key + ": missing from the state dict of a " + c.name);
-    if (v->kind != Value::Tensor)
-      throw Error(path + ": " + key + ": is a " + kind_name(v->kind) + ", not a tensor");
-    if (v->tensor.size != shape)
-      throw Error(path + ": " + key + ": shape " + shape_str(v->tensor.size) +
-                  " but the preset needs " + shape_str(shape));
-  }
-  if (sd.dict.size() != shapes.size())
-    throw Error(path + ": state dict has " + std::to_string(sd.dict.size()) + " entries, " +
-                c.name + " has " + std::to_string(shapes.size()));
   const ParamLayout p = make_layout(c);
+  const std::vector<StateEntry> entries = state_dict_entries(c, p);
+  for (const StateEntry& e : entries) {
+    const Value* v = sd.get(e.key);
+    if (!v) throw Error(path + ": " + e.key + ": missing from the state dict of a " + c.name);
+    if (v->kind != Value::Tensor)
+      throw Error(path + ": " + e.key + ": is a " + kind_name(v->kind) + ", not a tensor");
+    if (v->tensor.size != e.shape)
+      throw Error(path + ": " + e.key + ": shape " + shape_str(v->tensor.size) +
+                  " but the preset needs " + shape_str(e.shape));
+  }
+  if (sd.dict.size() != entries.size())
+    throw Error(path + ": state dict has " + std::to_string(sd.dict.size()) + " entries, " +
+                c.name + " has " + std::to_string(entries.size()));
   ck.params.assign(p.total, 0.0f);
   bool any_bf16 = false;
-  auto load = [&](const std::string& key, size_t off, std::vector<int64_t> shape) {
-    const Value* v = sd.get(key);
-    if (v && v->kind == Value::Tensor && v->tensor.storage == "BFloat16Storage") any_bf16 = true;
-    std::vector<float> t = pt.tensor(key, v, shape);
-    std::memcpy(ck.params.data() + off, t.data(), t.size() * 4);
-  };
-  load("tok_embeddings.weight", p.tok_emb, {c.V, c.C});
-  const int64_t G = c.H / c.KVH, DC = c.D * c.C;
-  for (int64_t l = 0; l < c.L; ++l) {
-    const ParamLayout::Layer& ly = p.layers[l];
-    const std::string pre = "layers." + std::to_string(l) + ".";
-    auto fuse = [&](const std::string& key, int64_t s0, int64_t ns) {
-      std::vector<float> t = pt.tensor(key, sd.get(key), {c.KVH * ns * c.D, c.C});
-      for (int64_t g = 0; g < c.KVH; ++g)
-        std::memcpy(ck.params.data() + ly.wqkv + (g * (G + 2) + s0) * DC, t.data() + g * ns * DC,
-                    ns * DC * 4);
-    };
-    fuse(pre + "attention.qkv_linear.wq.weight", 0, G);
-    fuse(pre + "attention.qkv_linear.wk.weight", G, 1);
-    fuse(pre + "attention.qkv_linear.wv.weight", G + 1, 1);
-    load(pre + "attention.wo.weight", ly.wo, {c.C, c.H * c.D});
-    load(pre + "attention.q_norm.weight", ly.q_norm, {c.D});
-    load(pre + "attention.k_norm.weight", ly.k_norm, {c.D});
-    load(pre + "feed_forward.w1.weight", ly.w1, {c.F, c.C});
-    load(pre + "feed_forward.w2.weight", ly.w2, {c.C, c.F});
-    load(pre + "feed_forward.w3.weight", ly.w3, {c.F, c.C});
-    load(pre + "attention_norm.weight", ly.attn_norm, {c.C});
-    load(pre + "ffn_norm.weight", ly.ffn_norm, {c.C});
-  }
-  load("norm.weight", p.norm, {c.C});
-  if (c.tied) {
-    std::vector<float> head = pt.tensor("lm_head.weight", sd.get("lm_head.weight"), {c.V, c.C});
-    if (std::memcmp(head.data(), ck.params.data() + p.tok_emb, head.size() * 4) != 0)
+  for (const StateEntry& e : entries) {
+    const Value* v = sd.get(e.key);
+    any_bf16 |= v->tensor.storage == "BFloat16Storage";
+    std::vector<float> t = pt.tensor(e.key, v, e.shape);
+    if (!e.tied_copy) {
+      for (const Run& r : entry_runs(c, e)) std::memcpy(&ck.params[r.arena], &t[r.dense], r.n * 4);
+    } else if (std::memcmp(t.data(), ck.params.data() + e.offset, t.size() * 4) != 0) {
       throw Error(path + ": lm_head.weight differs from tok_embeddings.weight, but " + c.name +
                   " ties them");
-  } else {
-    load("lm_head.weight", p.lm_head, {c.V, c.C});
+    }
   }
   ck.dtype = any_bf16 ? DType::bf16 : DType::f32;
   if (const Value* v = root.get("dtype"); v && v->kind == Value::Str) ck.dtype = parse_dtype(v->s);

@@ -44,8 +44,16 @@ struct TrainRecord {
   std::vector<double> losses;
 };
 
-// TorchTitan's state_dict() keys and shapes, in order (spec §8).
-std::vector<std::pair<std::string, std::vector<int64_t>>> state_dict_shapes(const Config& cfg);
+// One entry of TorchTitan's state_dict() (spec §8) and where it lives in the arena.
+struct StateEntry {
+  std::string key;
+  std::vector<int64_t> shape;
+  size_t offset;   // arena offset; for wq/wk/wv that of the fused wqkv
+  int64_t slot0;   // wq/wk/wv: first slot in each kv group of the fused rows; -1 otherwise
+  int64_t slots;   // wq/wk/wv: slots per group (G for q, 1 for k and v)
+  bool tied_copy;  // lm_head.weight of a tied preset: the tok_embeddings tensor again
+};
+std::vector<StateEntry> state_dict_entries(const Config& cfg, const ParamLayout& layout);
 
 // The state dict of params (fp32 arena in make_layout order) in the given dtype.
 ValuePtr state_dict(PtWriter& w, const Config& cfg, const ParamLayout& layout, const float* params,

@@ -126,17 +126,18 @@ void qkv_split_backward(T* dqkv /*[N,(H+2KVH)*D]*/, const T* dq, const T* dk, co
         }
 }
 
-// Rotate-half RoPE at positions t = 0..T-1 of every sequence. out may alias x.
+// Rotate-half RoPE at positions t = 0..T-1 of every sequence; sign -1 applies the
+// transposed rotation (the backward). out may alias x.
 template <typename T>
-void rope_forward(T* out /*[B,T,NH,D]*/, const T* x /*[B,T,NH,D]*/, const float* cos /*[T,D/2]*/,
-                  const float* sin /*[T,D/2]*/, int64_t B, int64_t Tn, int64_t NH, int64_t D) {
+void rope_rotate(T* out, const T* x, const float* cos, const float* sin, int64_t B, int64_t Tn,
+                 int64_t NH, int64_t D, double sign) {
   const int64_t D2 = D / 2;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < Tn; ++t)
       for (int64_t h = 0; h < NH; ++h) {
         const int64_t base = ((b * Tn + t) * NH + h) * D;
         for (int64_t e = 0; e < D2; ++e) {
-          const double c = cos[t * D2 + e], s = sin[t * D2 + e];
+          const double c = cos[t * D2 + e], s = sign * sin[t * D2 + e];
           const double x1 = x[base + e], x2 = x[base + e + D2];
           out[base + e] = T(x1 * c - x2 * s);
           out[base + e + D2] = T(x2 * c + x1 * s);
@@ -144,20 +145,14 @@ void rope_forward(T* out /*[B,T,NH,D]*/, const T* x /*[B,T,NH,D]*/, const float*
       }
 }
 template <typename T>
-void rope_backward(T* dx, const T* dout, const float* cos, const float* sin, int64_t B, int64_t Tn,
-                   int64_t NH, int64_t D) {
-  const int64_t D2 = D / 2;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < Tn; ++t)
-      for (int64_t h = 0; h < NH; ++h) {
-        const int64_t base = ((b * Tn + t) * NH + h) * D;
-        for (int64_t e = 0; e < D2; ++e) {
-          const double c = cos[t * D2 + e], s = sin[t * D2 + e];
-          const double g1 = dout[base + e], g2 = dout[base + e + D2];
-          dx[base + e] = T(g1 * c + g2 * s);
-          dx[base + e + D2] = T(g2 * c - g1 * s);
-        }
-      }
+void rope_forward(T* out /*[B,T,NH,D]*/, const T* x /*[B,T,NH,D]*/, const float* cos /*[T,D/2]*/,
+                  const float* sin /*[T,D/2]*/, int64_t B, int64_t Tn, int64_t NH, int64_t D) {
+  rope_rotate(out, x, cos, sin, B, Tn, NH, D, 1.0);
+}
+template <typename T>
+void rope_backward(T* dx, const T* dout, const float* cos, const float* sin, int64_t B,
+                   int64_t Tn, int64_t NH, int64_t D) {
+  rope_rotate(dx, dout, cos, sin, B, Tn, NH, D, -1.0);
 }
 
 // Causal GQA attention per sequence; query head h reads kv head h / (H/KVH).
