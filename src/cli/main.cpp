@@ -154,7 +154,7 @@ int train(const TrainArgs& a) {
     const double loss = model.forward(batch);
     if (!std::isfinite(loss)) {
       failure = "loss is not finite at step " + std::to_string(s);
-      std::printf("step %02lld: loss=%f\n", (long long)s, loss);
+      std::printf("step %02lld: loss=%s\n", (long long)s, std::isnan(loss) ? "nan" : "inf");
       break;
     }
     model.backward();
