@@ -111,10 +111,9 @@ ValuePtr state_dict(PtWriter& w, const Config& c, const ParamLayout& p, const fl
       dict_set(*sd, e.key, v_tensor(full_view(emb, e.shape)));
       continue;
     }
+    const size_t es = dtype == DType::f32 ? 4 : 2;
     TensorRef t = w.add_storage(cls, n, [=, &c](uint8_t* b) {
-      std::vector<float> tmp(n);
-      for (const Run& r : entry_runs(c, e)) std::memcpy(&tmp[r.dense], params + r.arena, r.n * 4);
-      encode(b, tmp.data(), n, dtype);
+      for (const Run& r : entry_runs(c, e)) encode(b + r.dense * es, params + r.arena, r.n, dtype);
     });
     if (e.key == "tok_embeddings.weight") emb = t;
     dict_set(*sd, e.key, v_tensor(full_view(t, e.shape)));
