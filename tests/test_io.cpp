@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "io/checkpoint.h"
@@ -256,6 +257,82 @@ TEST(Checkpoint, RejectsMismatchedStateDicts) {
         << e.what();
   }
   std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace tq
+
+namespace tq {
+namespace {
+
+Config small(bool tied) {
+  return {"small", 50, 16, 2, 4, 2, 8, 24, 64, 1e4, tied, 1e-6f};
+}
+
+// Writes a state dict of cfg's layout (optionally editing it) and loads it back.
+// Reads with read_as (default: c).
+std::vector<float> state_dict_round_trip(const Config& c, const std::vector<float>& w, DType dt,
+                                         const std::function<void(Value&)>& edit = {},
+                                         const Config* read_as = nullptr) {
+  PtWriter wr;
+  ValuePtr root = v_dict();
+  dict_set(*root, "model", state_dict(wr, c, make_layout(c), w.data(), dt));
+  if (edit) edit(*root->dict[0].second);
+  const std::string path = tmp_path("sd.pt");
+  wr.save(path, *root);
+  PtReader pt(path);
+  bool bf16 = false;
+  std::vector<float> back;
+  try {
+    back = load_state_dict(pt, *pt.root->get("model"), read_as ? *read_as : c, &bf16);
+  } catch (...) {
+    std::remove(path.c_str());
+    throw;
+  }
+  std::remove(path.c_str());
+  EXPECT_EQ(bf16, dt == DType::bf16);
+  return back;
+}
+
+TEST(StateDict, TiedAndUntiedRoundTripExactly) {
+  for (bool tied : {true, false}) {
+    const Config c = small(tied);
+    const ParamLayout p = make_layout(c);
+    std::vector<float> w(p.total);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = round_bf16(std::sin(float(i)));
+    EXPECT_EQ(state_dict_round_trip(c, w, DType::f32), w) << "tied=" << tied;
+    EXPECT_EQ(state_dict_round_trip(c, w, DType::bf16), w) << "tied=" << tied;
+    EXPECT_EQ(state_dict_entries(c, p).size(), 3u + 11u * c.L);
+  }
+}
+
+TEST(StateDict, RejectsMissingExtraAndUntiedEntries) {
+  const Config c = small(true);
+  std::vector<float> w(make_layout(c).total, 0.5f);
+  auto expect_error = [&](const std::function<void(Value&)>& edit, const std::string& what) {
+    try {
+      state_dict_round_trip(c, w, DType::f32, edit);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_error([](Value& sd) { sd.dict.erase(sd.dict.begin() + 5); },
+               "missing from the state dict");
+  expect_error([](Value& sd) { dict_set(sd, "extra.weight", v_int(1)); }, "entries");
+  expect_error([](Value& sd) { sd.dict[3].second = v_str("x"); }, "not a tensor");
+  // an untied state dict (lm_head its own tensor, other values) read as the tied preset
+  const Config untied = small(false);
+  std::vector<float> wu(make_layout(untied).total);
+  for (size_t i = 0; i < wu.size(); ++i) wu[i] = float(i % 7);
+  try {
+    state_dict_round_trip(untied, wu, DType::f32, {}, &c);
+    ADD_FAILURE() << "accepted an untied lm_head for a tied preset";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lm_head.weight differs from tok_embeddings.weight"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

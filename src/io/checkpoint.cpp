@@ -298,6 +298,41 @@ std::vector<float> PtReader::tensor(const std::string& name, const Value* v,
   return out;
 }
 
+std::vector<float> load_state_dict(const PtReader& pt, const Value& sd, const Config& c,
+                                   bool* any_bf16) {
+  // every key and shape first: a mismatch is reported before anything large is allocated
+  const ParamLayout p = make_layout(c);
+  const std::vector<StateEntry> entries = state_dict_entries(c, p);
+  for (const StateEntry& e : entries) {
+    const Value* v = sd.get(e.key);
+    if (!v)
+      throw Error(pt.file.path() + ": " + e.key + ": missing from the state dict of a " + c.name);
+    if (v->kind != Value::Tensor)
+      throw Error(pt.file.path() + ": " + e.key + ": is a " + kind_name(v->kind) +
+                  ", not a tensor");
+    if (v->tensor.size != e.shape)
+      throw Error(pt.file.path() + ": " + e.key + ": shape " + shape_str(v->tensor.size) +
+                  " but the preset needs " + shape_str(e.shape));
+  }
+  if (sd.dict.size() != entries.size())
+    throw Error(pt.file.path() + ": state dict has " + std::to_string(sd.dict.size()) +
+                " entries, " + c.name + " has " + std::to_string(entries.size()));
+  std::vector<float> params(p.total);
+  *any_bf16 = false;
+  for (const StateEntry& e : entries) {
+    const Value* v = sd.get(e.key);
+    *any_bf16 |= v->tensor.storage == "BFloat16Storage";
+    std::vector<float> t = pt.tensor(e.key, v, e.shape);
+    if (!e.tied_copy) {
+      for (const Run& r : entry_runs(c, e)) std::memcpy(&params[r.arena], &t[r.dense], r.n * 4);
+    } else if (std::memcmp(t.data(), params.data() + e.offset, t.size() * 4) != 0) {
+      throw Error(pt.file.path() + ": lm_head.weight differs from tok_embeddings.weight, but " +
+                  c.name + " ties them");
+    }
+  }
+  return params;
+}
+
 Checkpoint load_checkpoint(const std::string& path) {
   PtReader pt(path);
   const Value& root = *pt.root;
@@ -319,34 +354,8 @@ Checkpoint load_checkpoint(const std::string& path) {
     for (auto& x : v->items) ck.rec.losses.push_back(num(*x));
   const Value& sd = need(root, "model", Value::Dict, path);
 
-  // every key and shape first: a mismatch is reported before anything large is allocated
-  const ParamLayout p = make_layout(c);
-  const std::vector<StateEntry> entries = state_dict_entries(c, p);
-  for (const StateEntry& e : entries) {
-    const Value* v = sd.get(e.key);
-    if (!v) throw Error(path + ": " + e.key + ": missing from the state dict of a " + c.name);
-    if (v->kind != Value::Tensor)
-      throw Error(path + ": " + e.key + ": is a " + kind_name(v->kind) + ", not a tensor");
-    if (v->tensor.size != e.shape)
-      throw Error(path + ": " + e.key + ": shape " + shape_str(v->tensor.size) +
-                  " but the preset needs " + shape_str(e.shape));
-  }
-  if (sd.dict.size() != entries.size())
-    throw Error(path + ": state dict has " + std::to_string(sd.dict.size()) + " entries, " +
-                c.name + " has " + std::to_string(entries.size()));
-  ck.params.assign(p.total, 0.0f);
   bool any_bf16 = false;
-  for (const StateEntry& e : entries) {
-    const Value* v = sd.get(e.key);
-    any_bf16 |= v->tensor.storage == "BFloat16Storage";
-    std::vector<float> t = pt.tensor(e.key, v, e.shape);
-    if (!e.tied_copy) {
-      for (const Run& r : entry_runs(c, e)) std::memcpy(&ck.params[r.arena], &t[r.dense], r.n * 4);
-    } else if (std::memcmp(t.data(), ck.params.data() + e.offset, t.size() * 4) != 0) {
-      throw Error(path + ": lm_head.weight differs from tok_embeddings.weight, but " + c.name +
-                  " ties them");
-    }
-  }
+  ck.params = load_state_dict(pt, sd, c, &any_bf16);
   ck.dtype = any_bf16 ? DType::bf16 : DType::f32;
   if (const Value* v = root.get("dtype"); v && v->kind == Value::Str) ck.dtype = parse_dtype(v->s);
   return ck;

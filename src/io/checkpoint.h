@@ -78,6 +78,12 @@ class PtReader {
   static const MappedFile& check_magic(const MappedFile& f);
 };
 
+// The parameter arena (make_layout(cfg) order, fp32) from a TorchTitan state dict `sd` of pt;
+// every key and shape is checked before anything large is allocated. *any_bf16 tells
+// whether some tensor was stored as bf16.
+std::vector<float> load_state_dict(const PtReader& pt, const Value& sd, const Config& cfg,
+                                   bool* any_bf16);
+
 struct Checkpoint {
   std::string preset;
   DType dtype = DType::f32;
