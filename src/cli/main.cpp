@@ -158,10 +158,11 @@ int train(const TrainArgs& a) {
       break;
     }
     model.backward();
-    if (s == 1 && !a.dump_first_step.empty()) {
-      std::vector<float> grads(layout.total);
+    if (s == 1 && !a.dump_first_step.empty()) {  // parameters as trained (bf16-rounded)
+      std::vector<float> params(layout.total), grads(layout.total);
+      model.get_params(params.data());
       model.get_grads(grads.data());
-      dump_first_step(a.dump_first_step, c, host, grads, loss);
+      dump_first_step(a.dump_first_step, c, params, grads, loss);
     }
     model.sgd_update(float(a.lr));
     ms.push_back(

@@ -119,6 +119,31 @@ check("checkpoint records its settings",
       ck["config"] == {"preset": "debugmodel", "seq_len": 32, "seed": 0} and ck["steps"] == 20
       and ck["learning_rate"] == 0.05 and ck["dtype"] == "bfloat16" and ck["initial_loss"] == L[0])
 
+# bf16 first step against PyTorch's own bf16 model (bf16(fp32 init), every op in bf16). The
+# two round at different points (PyTorch inside each op too), so gradients agree to ~1e-2.
+dump16 = os.path.join(TMP, "step1_bf16.pt")
+p = run("train", "--steps", "1", "--output", os.path.join(TMP, "b1.pt"), "--dump-first-step", dump16)
+ours = load(dump16)
+m16 = Q.Qwen3("debugmodel", seed=0, dtype=torch.bfloat16)
+# fp32 init values agree to ~5e-8, so a value next to a bf16 rounding boundary may land one
+# bf16 ulp away; all others are bit-identical.
+init16 = m16.titan_state_dict()
+differ = sum((ours["params"][k] != v.float()).sum().item() for k, v in init16.items())
+total = sum(v.numel() for v in init16.values())
+ulp_ok = all(((ours["params"][k] - v.float()).abs() <= v.float().abs() * 2 ** -7).all().item()
+             for k, v in init16.items())
+check("bf16 initialization is bf16(fp32 init): bit-identical but for 1-ulp boundary cases",
+      differ <= total * 1e-3 and ulp_ok, f"{differ} of {total} values differ, by at most one bf16 ulp")
+tokens, labels = Q.make_batch(32, m16.V)
+loss = Q.loss_fn(m16(tokens), labels)
+loss.backward()
+check("bf16 first-step loss matches PyTorch bf16 within 2e-3", abs(ours["loss"] - loss.item()) < 2e-3,
+      f"{ours['loss']:.6f} vs {loss.item():.6f}")
+errs = {k: rel_l2(ours["grads"][k], g) for k, g in m16.titan_grads().items()}
+k_worst = max(errs, key=errs.get)
+check("bf16 first-step gradients match PyTorch bf16 within 5e-2 rel L2", errs[k_worst] < 5e-2,
+      f"worst {errs[k_worst]:.2e} at {k_worst}")
+
 # ---------------------------------------------------------------- our reader on torch.save output
 for dtype in (torch.float32, torch.bfloat16):
     m = Q.Qwen3("debugmodel", seed=3, dtype=dtype)
