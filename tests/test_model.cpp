@@ -143,11 +143,18 @@ TEST(Qwen3, Bf16KeepsParametersAndGradientsInBf16) {
 }
 
 TEST(MemoryPlan, CountsEveryArena) {
-  const MemoryPlan mp = memory_plan(preset("debugmodel"), 1, 32);
+  const MemoryPlan mp = memory_plan(preset("debugmodel"), DType::f32, 1, 32);
   EXPECT_EQ(mp.params, 31987968u * 4);
   EXPECT_EQ(mp.grads, mp.params);
   EXPECT_GT(mp.activations, 32u * 2048 * 4);  // at least the logits
   EXPECT_LT(mp.activations, 64u << 20);
+  // bf16: half the parameter and gradient bytes, plus two fp32 buffers of the largest
+  // parameter (w1|w3, 2 x 3072 x 256) for the layers' fp32 views
+  const MemoryPlan mb = memory_plan(preset("debugmodel"), DType::bf16, 1, 32);
+  EXPECT_EQ(mb.params, 31987968u * 2);
+  EXPECT_EQ(mb.grads, mb.params);
+  EXPECT_EQ(mb.activations, mp.activations);
+  EXPECT_EQ(mb.scratch, mp.scratch + 2u * (2 * 3072 * 256) * 4);
 }
 
 }  // namespace

@@ -102,9 +102,10 @@ void validate(const TrainArgs& a) {
     if (stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
       throw Error(out + " is a folder; give a file name for the checkpoint");
   }
-  const MemoryPlan plan = memory_plan(c, a.batch_size, a.seq_len);
+  const MemoryPlan plan = memory_plan(c, parse_dtype(a.dtype), a.batch_size, a.seq_len);
   // + one host fp32 copy of the parameters for init and checkpointing
-  const double need = double(plan.total() + plan.params), have = available_memory_bytes();
+  const double need = double(plan.total() + make_layout(c).total * sizeof(float));
+  const double have = available_memory_bytes();
   if (need > have) {
     char msg[256];
     std::snprintf(msg, sizeof msg,

@@ -18,36 +18,48 @@ namespace {
 // twice; those are aligned to 2 MiB and put on huge pages, since first-touch page faults
 // otherwise dominate start-up (seconds for the 0.6B preset in a VM). The pointer calloc
 // returned is kept just below the aligned one.
-float* host_alloc(size_t n) {
-  const size_t bytes = std::max<size_t>(n, 1) * sizeof(float);
+void* host_alloc(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 1);
   const size_t align = bytes >= (2u << 20) ? (2u << 20) : 64;
   void* raw = std::calloc(bytes + align + sizeof(void*), 1);
   if (!raw) throw std::bad_alloc();
   const uintptr_t p = (uintptr_t(raw) + sizeof(void*) + align - 1) & ~uintptr_t(align - 1);
   reinterpret_cast<void**>(p)[-1] = raw;
   if (align > 64) madvise(reinterpret_cast<void*>(p), bytes, MADV_HUGEPAGE);
-  return reinterpret_cast<float*>(p);
+  return reinterpret_cast<void*>(p);
 }
-void host_release(float* p) {
-  if (p) std::free(reinterpret_cast<void**>(p)[-1]);
+void host_release(void* p) {
+  if (p) std::free(static_cast<void**>(p)[-1]);
 }
-void host_zero(float* p, int64_t n) {
-  std::memset(p, 0, n * sizeof(float));
+void host_zero(void* p, size_t bytes) {
+  std::memset(p, 0, bytes);
 }
 void host_copy(float* d, const float* s, int64_t n) {
   std::memcpy(d, s, n * sizeof(float));
 }
+void host_move(void* d, const void* s, size_t bytes) {
+  std::memcpy(d, s, bytes);
+}
 
-void sgd_update(float* w, const float* g, int64_t n, float lr, bool bf16) {
-  if (!bf16) {
+void widen_bf16(float* dst, const uint16_t* src, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+void accumulate_bf16(uint16_t* dst, const float* src, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(bf16_to_f32(dst[i]) + src[i]);
+}
+
+void sgd_update_f32(float* w, const float* g, int64_t n, float lr) {
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) w[i] -= lr * g[i];
-    return;
-  }
-  // optax: p + (-lr * g), every operand and result in bf16 (lr is a weak-typed scalar)
+  for (int64_t i = 0; i < n; ++i) w[i] -= lr * g[i];
+}
+// optax: p + (-lr * g), every operand and result in bf16 (lr is a weak-typed scalar)
+void sgd_update_bf16(uint16_t* w, const uint16_t* g, int64_t n, float lr) {
   const float step = round_bf16(-lr);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) w[i] = round_bf16(w[i] + round_bf16(step * g[i]));
+  for (int64_t i = 0; i < n; ++i)
+    w[i] = f32_to_bf16(bf16_to_f32(w[i]) + round_bf16(step * bf16_to_f32(g[i])));
 }
 
 }  // namespace
@@ -59,8 +71,10 @@ const Ops& cpu_ops() {
       host_release,
       host_zero,
       host_copy,
-      host_copy,
-      host_copy,
+      host_move,
+      host_move,
+      widen_bf16,
+      accumulate_bf16,
       cpu::embedding_forward,
       cpu::embedding_backward,
       cpu::rmsnorm_forward,
@@ -79,7 +93,8 @@ const Ops& cpu_ops() {
       cpu::crossentropy_backward,
       cpu::add_inplace,
       cpu::round_bf16_inplace,
-      sgd_update,
+      sgd_update_f32,
+      sgd_update_bf16,
   };
   return ops;
 }

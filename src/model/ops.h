@@ -9,13 +9,16 @@ namespace tq {
 
 struct Ops {
   std::string name;
-  // memory
-  float* (*alloc)(size_t n);  // n floats, zeroed
-  void (*release)(float* p);
-  void (*zero)(float* p, int64_t n);
-  void (*copy)(float* dst, const float* src, int64_t n);       // within the backend
-  void (*upload)(float* dst, const float* host, int64_t n);    // host -> backend
-  void (*download)(float* host, const float* src, int64_t n);  // backend -> host
+  // memory (bytes)
+  void* (*alloc)(size_t bytes);  // zeroed
+  void (*release)(void* p);
+  void (*zero)(void* p, size_t bytes);
+  void (*copy)(float* dst, const float* src, int64_t n);        // within the backend
+  void (*upload)(void* dst, const void* host, size_t bytes);    // host -> backend
+  void (*download)(void* host, const void* src, size_t bytes);  // backend -> host
+  // bf16 storage: dst = float(src); dst += src with the sum rounded to bf16
+  void (*bf16_to_f32)(float* dst, const uint16_t* src, int64_t n);
+  void (*bf16_accumulate)(uint16_t* dst, const float* src, int64_t n);
   // layers: see src/ref/layers.h for the contract
   void (*embedding_forward)(float*, const int32_t*, const float*, int64_t, int64_t);
   void (*embedding_backward)(float*, const float*, const int32_t*, int64_t, int64_t);
@@ -45,8 +48,9 @@ struct Ops {
                                 int64_t, double);
   void (*add_inplace)(float*, const float*, int64_t);
   void (*round_bf16_inplace)(float*, int64_t);
-  // w -= lr * g; with bf16 = true the update is computed and stored as bf16 would be
-  void (*sgd_update)(float* w, const float* g, int64_t n, float lr, bool bf16);
+  // w -= lr * g over fp32 arrays, or, for bf16 arrays, as optax computes it in bf16
+  void (*sgd_update_f32)(float* w, const float* g, int64_t n, float lr);
+  void (*sgd_update_bf16)(uint16_t* w, const uint16_t* g, int64_t n, float lr);
 };
 
 const Ops& cpu_ops();

@@ -1,5 +1,6 @@
 #include "model/qwen3.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace tq {
@@ -55,19 +56,28 @@ static int64_t sum(const std::vector<int64_t>& v) {
   return s;
 }
 
-MemoryPlan memory_plan(const Config& c, int64_t B, int64_t T) {
-  const size_t P = make_layout(c).total * sizeof(float);
+static size_t largest_param(const ParamLayout& p) {
+  size_t n = 0;
+  for (const ParamView& v : p.params) n = std::max(n, v.numel);
+  if (!p.layers.empty()) n = std::max(n, p.layers[0].w2 - p.layers[0].w1);  // w1|w3 as one
+  return n;
+}
+
+MemoryPlan memory_plan(const Config& c, DType dtype, int64_t B, int64_t T) {
+  const ParamLayout p = make_layout(c);
+  const size_t P = p.total * (dtype == DType::f32 ? 4 : 2);
+  const size_t bf16_bufs = dtype == DType::bf16 ? 2 * largest_param(p) * 4 : 0;
   return {P, P, size_t(c.L * sum(layer_act_sizes(c, B, T)) + final_act_size(c, B * T)) * 4,
-          size_t(sum(scratch_sizes(c, B, T))) * 4};
+          size_t(sum(scratch_sizes(c, B, T))) * 4 + bf16_bufs};
 }
 
 Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& ops)
     : cfg_(cfg), layout_(make_layout(cfg)), dtype_(dtype), B_(B), T_(T), N_(B * T), ops_(ops) {
-  const MemoryPlan plan = memory_plan(cfg, B, T);
-  params_ = ops.alloc(plan.params / 4);
-  grads_ = ops.alloc(plan.grads / 4);
-  acts_ = ops.alloc(plan.activations / 4);
-  scratch_ = ops.alloc(plan.scratch / 4);
+  const MemoryPlan plan = memory_plan(cfg, dtype, B, T);
+  params_ = ops.alloc(plan.params);
+  grads_ = ops.alloc(plan.grads);
+  acts_ = static_cast<float*>(ops.alloc(plan.activations));
+  scratch_ = static_cast<float*>(ops.alloc(plan.scratch));
   float* p = acts_;
   const std::vector<int64_t> ls = layer_act_sizes(cfg, B, T);
   for (int64_t l = 0; l < cfg.L; ++l) {
@@ -87,25 +97,39 @@ Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& op
   const std::vector<int64_t> ss = scratch_sizes(cfg, B, T);
   p = scratch_;
   for (size_t i = 0; i < ss.size(); ++i) *sviews[i] = p, p += ss[i];
+  if (dtype == DType::bf16) {
+    wbuf_ = p;
+    gbuf_ = p + largest_param(layout_);
+  }
   std::vector<float> c, s;
   rope_tables(c, s, T, cfg.D, cfg.theta);
-  ops.upload(cos_, c.data(), c.size());
-  ops.upload(sin_, s.data(), s.size());
+  ops.upload(cos_, c.data(), c.size() * 4);
+  ops.upload(sin_, s.data(), s.size() * 4);
 }
 
 Qwen3::~Qwen3() {
-  for (float* p : {params_, grads_, acts_, scratch_}) ops_.release(p);
+  for (void* p : {params_, grads_, static_cast<void*>(acts_), static_cast<void*>(scratch_)})
+    ops_.release(p);
 }
 
 void Qwen3::set_params(const float* host) {
-  ops_.upload(params_, host, layout_.total);
-  if (dtype_ == DType::bf16) ops_.round_bf16_inplace(params_, layout_.total);
+  if (dtype_ == DType::f32) return ops_.upload(params_, host, layout_.total * 4);
+  std::vector<uint16_t> b(layout_.total);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(host[i]);
+  ops_.upload(params_, b.data(), b.size() * 2);
+}
+
+static void download_arena(const Ops& ops, float* host, const void* arena, size_t n, DType dt) {
+  if (dt == DType::f32) return ops.download(host, arena, n * 4);
+  std::vector<uint16_t> b(n);
+  ops.download(b.data(), arena, n * 2);
+  for (size_t i = 0; i < n; ++i) host[i] = bf16_to_f32(b[i]);
 }
 void Qwen3::get_params(float* host) const {
-  ops_.download(host, params_, layout_.total);
+  download_arena(ops_, host, params_, layout_.total, dtype_);
 }
 void Qwen3::get_grads(float* host) const {
-  ops_.download(host, grads_, layout_.total);
+  download_arena(ops_, host, grads_, layout_.total, dtype_);
 }
 
 float* Qwen3::rb(float* p, int64_t n) {
@@ -113,51 +137,65 @@ float* Qwen3::rb(float* p, int64_t n) {
   return p;
 }
 
+const float* Qwen3::weight(size_t off, int64_t n) {
+  if (dtype_ == DType::f32) return static_cast<const float*>(params_) + off;
+  ops_.bf16_to_f32(wbuf_, static_cast<const uint16_t*>(params_) + off, n);
+  return wbuf_;
+}
+float* Qwen3::grad(size_t off, int64_t n) {
+  if (dtype_ == DType::f32) return static_cast<float*>(grads_) + off;
+  ops_.zero(gbuf_, n * 4);
+  return gbuf_;
+}
+void Qwen3::grad_done(size_t off, int64_t n) {
+  if (dtype_ == DType::bf16) ops_.bf16_accumulate(static_cast<uint16_t*>(grads_) + off, gbuf_, n);
+}
+
 double Qwen3::forward(const Batch& batch) {
   const Config& c = cfg_;
   const Ops& o = ops_;
-  const int64_t N = N_, C = c.C, H = c.H, K = c.KVH, D = c.D, F = c.F;
+  const int64_t N = N_, C = c.C, H = c.H, K = c.KVH, D = c.D, F = c.F, QKV = c.qkv_rows();
   tokens_ = batch.tokens;
   targets_ = batch.targets;
-  const float* W = params_;
-  o.embedding_forward(la_[0].res, tokens_.data(), W + layout_.tok_emb, N, C);
+  o.embedding_forward(la_[0].res, tokens_.data(), weight(layout_.tok_emb, c.V * C), N, C);
   for (int64_t l = 0; l < c.L; ++l) {
     const ParamLayout::Layer& w = layout_.layers[l];
     const LayerActs& a = la_[l];
     float* res_out = l + 1 < c.L ? la_[l + 1].res : res_final_;
-    o.rmsnorm_forward(a.xn1, a.rstd1, a.res, W + w.attn_norm, N, C, c.eps);
+    o.rmsnorm_forward(a.xn1, a.rstd1, a.res, weight(w.attn_norm, C), N, C, c.eps);
     rb(a.xn1, N * C);
-    o.matmul_forward(qkv_, a.xn1, W + w.wqkv, N, C, c.qkv_rows());
-    rb(qkv_, N * c.qkv_rows());
+    o.matmul_forward(qkv_, a.xn1, weight(w.wqkv, QKV * C), N, C, QKV);
+    rb(qkv_, N * QKV);
     o.qkv_split_forward(a.qr, a.kr, a.v, qkv_, N, H, K, D);
-    o.rmsnorm_forward(a.q, a.qrstd, a.qr, W + w.q_norm, N * H, D, c.eps);
-    o.rmsnorm_forward(a.k, a.krstd, a.kr, W + w.k_norm, N * K, D, c.eps);
+    o.rmsnorm_forward(a.q, a.qrstd, a.qr, weight(w.q_norm, D), N * H, D, c.eps);
+    o.rmsnorm_forward(a.k, a.krstd, a.kr, weight(w.k_norm, D), N * K, D, c.eps);
     rb(a.q, N * H * D), rb(a.k, N * K * D);
     o.rope_forward(a.q, a.q, cos_, sin_, B_, T_, H, D);
     o.rope_forward(a.k, a.k, cos_, sin_, B_, T_, K, D);
     rb(a.q, N * H * D), rb(a.k, N * K * D);
     o.attention_forward(a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D);
     rb(a.att, N * H * D);
-    o.matmul_forward(tmp_, a.att, W + w.wo, N, H * D, C);
+    o.matmul_forward(tmp_, a.att, weight(w.wo, C * H * D), N, H * D, C);
     rb(tmp_, N * C);
     o.copy(a.mid, a.res, N * C);
     o.add_inplace(a.mid, tmp_, N * C);
     rb(a.mid, N * C);
-    o.rmsnorm_forward(a.xn2, a.rstd2, a.mid, W + w.ffn_norm, N, C, c.eps);
+    o.rmsnorm_forward(a.xn2, a.rstd2, a.mid, weight(w.ffn_norm, C), N, C, c.eps);
     rb(a.xn2, N * C);
-    o.matmul_forward(a.ab, a.xn2, W + w.w1, N, C, 2 * F);  // w1 and w3 are adjacent
+    // w1 and w3 are adjacent: one [2F, C] matmul
+    o.matmul_forward(a.ab, a.xn2, weight(w.w1, 2 * F * C), N, C, 2 * F);
     rb(a.ab, N * 2 * F);
     o.swiglu_forward(a.m, a.ab, N, F);
     rb(a.m, N * F);
-    o.matmul_forward(tmp_, a.m, W + w.w2, N, F, C);
+    o.matmul_forward(tmp_, a.m, weight(w.w2, C * F), N, F, C);
     rb(tmp_, N * C);
     o.copy(res_out, a.mid, N * C);
     o.add_inplace(res_out, tmp_, N * C);
     rb(res_out, N * C);
   }
-  o.rmsnorm_forward(xnf_, rstdf_, res_final_, W + layout_.norm, N, C, c.eps);
+  o.rmsnorm_forward(xnf_, rstdf_, res_final_, weight(layout_.norm, C), N, C, c.eps);
   rb(xnf_, N * C);
-  o.matmul_forward(logits_, xnf_, W + layout_.lm_head, N, C, c.V);
+  o.matmul_forward(logits_, xnf_, weight(layout_.lm_head, c.V * C), N, C, c.V);
   rb(logits_, N * c.V);
   return o.crossentropy_forward(lse_ce_, logits_, targets_.data(), N, c.V);
 }
@@ -165,59 +203,78 @@ double Qwen3::forward(const Batch& batch) {
 void Qwen3::backward() {
   const Config& c = cfg_;
   const Ops& o = ops_;
-  const int64_t N = N_, C = c.C, H = c.H, K = c.KVH, D = c.D, F = c.F;
-  const float* W = params_;
-  float* G = grads_;
-  o.zero(G, layout_.total);
+  const int64_t N = N_, C = c.C, H = c.H, K = c.KVH, D = c.D, F = c.F, QKV = c.qkv_rows();
+  o.zero(grads_, layout_.total * (dtype_ == DType::f32 ? 4 : 2));
+  // Each parameter-gradient call is bracketed by grad(off, n) ... grad_done(off, n).
   // logits -> dlogits in place
   o.crossentropy_backward(logits_, logits_, lse_ce_, targets_.data(), N, c.V, 1.0 / N);
   rb(logits_, N * c.V);
-  o.matmul_backward(dxn_, G + layout_.lm_head, logits_, xnf_, W + layout_.lm_head, N, C, c.V);
+  const size_t head = layout_.lm_head, fnorm = layout_.norm;
+  o.matmul_backward(dxn_, grad(head, c.V * C), logits_, xnf_, weight(head, c.V * C), N, C, c.V);
+  grad_done(head, c.V * C);
   rb(dxn_, N * C);
-  o.rmsnorm_backward(dres_, G + layout_.norm, dxn_, res_final_, rstdf_, W + layout_.norm, N, C);
+  o.rmsnorm_backward(dres_, grad(fnorm, C), dxn_, res_final_, rstdf_, weight(fnorm, C), N, C);
+  grad_done(fnorm, C);
   rb(dres_, N * C);
   for (int64_t l = c.L - 1; l >= 0; --l) {
     const ParamLayout::Layer& w = layout_.layers[l];
     const LayerActs& a = la_[l];
     // feed-forward: dres is the gradient of this layer's output
-    o.matmul_backward(dm_, G + w.w2, dres_, a.m, W + w.w2, N, F, C);
+    o.matmul_backward(dm_, grad(w.w2, C * F), dres_, a.m, weight(w.w2, C * F), N, F, C);
+    grad_done(w.w2, C * F);
     rb(dm_, N * F);
     o.swiglu_backward(dab_, dm_, a.ab, N, F);
     rb(dab_, N * 2 * F);
-    o.matmul_backward(dxn_, G + w.w1, dab_, a.xn2, W + w.w1, N, C, 2 * F);
+    o.matmul_backward(dxn_, grad(w.w1, 2 * F * C), dab_, a.xn2, weight(w.w1, 2 * F * C), N, C,
+                      2 * F);
+    grad_done(w.w1, 2 * F * C);
     rb(dxn_, N * C);
-    o.rmsnorm_backward(dtmp_, G + w.ffn_norm, dxn_, a.mid, a.rstd2, W + w.ffn_norm, N, C);
+    o.rmsnorm_backward(dtmp_, grad(w.ffn_norm, C), dxn_, a.mid, a.rstd2, weight(w.ffn_norm, C), N,
+                       C);
+    grad_done(w.ffn_norm, C);
     o.add_inplace(dres_, rb(dtmp_, N * C), N * C);  // dres is now d(mid)
     rb(dres_, N * C);
     // attention
-    o.matmul_backward(datt_, G + w.wo, dres_, a.att, W + w.wo, N, H * D, C);
+    o.matmul_backward(datt_, grad(w.wo, C * H * D), dres_, a.att, weight(w.wo, C * H * D), N, H * D,
+                      C);
+    grad_done(w.wo, C * H * D);
     rb(datt_, N * H * D);
     o.attention_backward(dq_, dk_, dv_, datt_, a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D);
     rb(dq_, N * H * D), rb(dk_, N * K * D), rb(dv_, N * K * D);
     o.rope_backward(dq_, dq_, cos_, sin_, B_, T_, H, D);
     o.rope_backward(dk_, dk_, cos_, sin_, B_, T_, K, D);
     rb(dq_, N * H * D), rb(dk_, N * K * D);
-    o.rmsnorm_backward(dqr_, G + w.q_norm, dq_, a.qr, a.qrstd, W + w.q_norm, N * H, D);
-    o.rmsnorm_backward(dkr_, G + w.k_norm, dk_, a.kr, a.krstd, W + w.k_norm, N * K, D);
+    o.rmsnorm_backward(dqr_, grad(w.q_norm, D), dq_, a.qr, a.qrstd, weight(w.q_norm, D), N * H, D);
+    grad_done(w.q_norm, D);
+    o.rmsnorm_backward(dkr_, grad(w.k_norm, D), dk_, a.kr, a.krstd, weight(w.k_norm, D), N * K, D);
+    grad_done(w.k_norm, D);
     rb(dqr_, N * H * D), rb(dkr_, N * K * D);
     o.qkv_split_backward(qkv_, dqr_, dkr_, dv_, N, H, K, D);
-    o.matmul_backward(dxn_, G + w.wqkv, qkv_, a.xn1, W + w.wqkv, N, C, c.qkv_rows());
+    o.matmul_backward(dxn_, grad(w.wqkv, QKV * C), qkv_, a.xn1, weight(w.wqkv, QKV * C), N, C, QKV);
+    grad_done(w.wqkv, QKV * C);
     rb(dxn_, N * C);
-    o.rmsnorm_backward(dtmp_, G + w.attn_norm, dxn_, a.res, a.rstd1, W + w.attn_norm, N, C);
+    o.rmsnorm_backward(dtmp_, grad(w.attn_norm, C), dxn_, a.res, a.rstd1, weight(w.attn_norm, C), N,
+                       C);
+    grad_done(w.attn_norm, C);
     o.add_inplace(dres_, rb(dtmp_, N * C), N * C);  // dres is now d(res of layer l)
     rb(dres_, N * C);
   }
-  o.embedding_backward(G + layout_.tok_emb, dres_, tokens_.data(), N, C);
-  rb(G, layout_.total);
+  o.embedding_backward(grad(layout_.tok_emb, c.V * C), dres_, tokens_.data(), N, C);
+  grad_done(layout_.tok_emb, c.V * C);
 }
 
 void Qwen3::sgd_update(float lr) {
-  ops_.sgd_update(params_, grads_, layout_.total, lr, dtype_ == DType::bf16);
+  if (dtype_ == DType::f32)
+    ops_.sgd_update_f32(static_cast<float*>(params_), static_cast<const float*>(grads_),
+                        layout_.total, lr);
+  else
+    ops_.sgd_update_bf16(static_cast<uint16_t*>(params_), static_cast<const uint16_t*>(grads_),
+                         layout_.total, lr);
 }
 
 int64_t Qwen3::correct(const Batch& batch) const {
   std::vector<float> logits(N_ * cfg_.V);
-  ops_.download(logits.data(), logits_, logits.size());
+  ops_.download(logits.data(), logits_, logits.size() * 4);
   int64_t k = 0;
   for (int64_t n = 0; n < N_; ++n) {
     const float* row = logits.data() + n * cfg_.V;

@@ -28,7 +28,7 @@ struct MemoryPlan {
   size_t params, grads, activations, scratch;  // bytes
   size_t total() const { return params + grads + activations + scratch; }
 };
-MemoryPlan memory_plan(const Config& cfg, int64_t B, int64_t T);
+MemoryPlan memory_plan(const Config& cfg, DType dtype, int64_t B, int64_t T);
 
 class Qwen3 {
  public:
@@ -39,8 +39,8 @@ class Qwen3 {
 
   const Config& cfg() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
-  // Host fp32 copies of the whole arena (layout().total elements). In bf16 mode every value
-  // is bf16-representable: the arena holds bf16 numbers in fp32 words.
+  // Host fp32 copies of the whole arena (layout().total elements). In bf16 mode the arenas
+  // hold bf16: set_params rounds to nearest even, the getters widen exactly.
   void set_params(const float* host);
   void get_params(float* host) const;
   void get_grads(float* host) const;
@@ -53,6 +53,13 @@ class Qwen3 {
 
  private:
   float* rb(float* p, int64_t n);  // round to bf16 in bf16 mode; returns p
+  // A layer's view of parameter `off` (n elements) as fp32, and where it adds its gradient.
+  // fp32: the arenas themselves. bf16: wbuf_ holds the widened weight and gbuf_ collects
+  // the gradient, which grad_done folds into the bf16 grads (bf16(g + dg), as PyTorch sums
+  // a bf16 parameter's gradient contributions).
+  const float* weight(size_t off, int64_t n);
+  float* grad(size_t off, int64_t n);
+  void grad_done(size_t off, int64_t n);
   struct LayerActs {
     float *res, *xn1, *rstd1, *qr, *kr, *v, *qrstd, *krstd, *q, *k, *att, *lse, *mid, *xn2, *rstd2,
         *ab, *m;
@@ -62,7 +69,9 @@ class Qwen3 {
   DType dtype_;
   int64_t B_, T_, N_;
   const Ops& ops_;
-  float *params_, *grads_, *acts_, *scratch_;
+  void *params_, *grads_;  // float or uint16_t (bf16) [layout_.total]
+  float *acts_, *scratch_;
+  float *wbuf_ = nullptr, *gbuf_ = nullptr;  // bf16 mode: [largest parameter]
   std::vector<LayerActs> la_;
   float *res_final_, *xnf_, *rstdf_, *logits_, *lse_ce_;  // final norm + head
   float *qkv_, *tmp_, *dres_, *dtmp_, *dxn_, *dab_, *dm_, *datt_, *dq_, *dk_, *dv_, *dqr_, *dkr_;

@@ -150,8 +150,8 @@ void rope_forward(T* out /*[B,T,NH,D]*/, const T* x /*[B,T,NH,D]*/, const float*
   rope_rotate(out, x, cos, sin, B, Tn, NH, D, 1.0);
 }
 template <typename T>
-void rope_backward(T* dx, const T* dout, const float* cos, const float* sin, int64_t B,
-                   int64_t Tn, int64_t NH, int64_t D) {
+void rope_backward(T* dx, const T* dout, const float* cos, const float* sin, int64_t B, int64_t Tn,
+                   int64_t NH, int64_t D) {
   rope_rotate(dx, dout, cos, sin, B, Tn, NH, D, -1.0);
 }
 
