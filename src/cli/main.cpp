@@ -50,11 +50,10 @@ std::string cpu_isa() {
 
 double available_memory_bytes() {
   std::ifstream f("/proc/meminfo");
-  std::string key;
+  std::string line;
   double kb;
-  std::string unit;
-  while (f >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
+  while (std::getline(f, line))
+    if (std::sscanf(line.c_str(), "MemAvailable: %lf kB", &kb) == 1) return kb * 1024;
   return INFINITY;
 }
 
@@ -159,15 +158,17 @@ int train(const TrainArgs& a) {
       break;
     }
     model.backward();
+    std::chrono::duration<double, std::milli> untimed{0};
     if (s == 1 && !a.dump_first_step.empty()) {  // parameters as trained (bf16-rounded)
+      const auto d0 = std::chrono::steady_clock::now();
       std::vector<float> params(layout.total), grads(layout.total);
       model.get_params(params.data());
       model.get_grads(grads.data());
       dump_first_step(a.dump_first_step, c, params, grads, loss);
+      untimed = std::chrono::steady_clock::now() - d0;
     }
     model.sgd_update(float(a.lr));
-    ms.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    ms.push_back((std::chrono::steady_clock::now() - t0 - untimed).count() / 1e6);
     rec.losses.push_back(loss);
     rec.steps = s;
     std::printf("step %02lld: loss=%.6f  (%.1f ms)\n", (long long)s, loss, ms.back());
@@ -188,8 +189,9 @@ int train(const TrainArgs& a) {
     std::sort(sorted.begin(), sorted.end());
     const double med = sorted[sorted.size() / 2];
     const double tokens = double(a.batch_size * a.seq_len);
-    // TorchTitan's count: 6N + 6 L H (2D) T per token (spec §10)
-    const double flops = tokens * (6.0 * layout.total + 6.0 * c.L * c.H * 2 * c.D * a.seq_len);
+    // TorchTitan's count: 6N + 6 L H (2D) T per token, N without an untied embedding (§10)
+    const double n = double(layout.total) - (c.tied ? 0.0 : double(c.V * c.C));
+    const double flops = tokens * (6.0 * n + 6.0 * c.L * c.H * 2 * c.D * a.seq_len);
     std::printf("speed: median step %.1f ms, %.0f tokens/s, %.1f GFLOP/s\n", med,
                 tokens / med * 1e3, flops / med * 1e-6);
   }

@@ -25,7 +25,12 @@ void* host_alloc(size_t bytes) {
   if (!raw) throw std::bad_alloc();
   const uintptr_t p = (uintptr_t(raw) + sizeof(void*) + align - 1) & ~uintptr_t(align - 1);
   reinterpret_cast<void**>(p)[-1] = raw;
-  if (align > 64) madvise(reinterpret_cast<void*>(p), bytes, MADV_HUGEPAGE);
+  if (align > 64) {
+    madvise(reinterpret_cast<void*>(p), bytes, MADV_HUGEPAGE);
+#ifdef MADV_POPULATE_WRITE  // fault the pages in now, not inside the first step
+    madvise(reinterpret_cast<void*>(p), bytes, MADV_POPULATE_WRITE);
+#endif
+  }
   return reinterpret_cast<void*>(p);
 }
 void host_release(void* p) {
