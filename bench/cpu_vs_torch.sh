@@ -6,6 +6,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 threads=${1:-$(nproc)}
 steps=${2:-20}
+bash "$root/tools/deps.sh" --bench
 cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$root/build" -j"$(nproc)" --target tiny-qwen3 >/dev/null
 out=$(mktemp -d)

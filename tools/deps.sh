@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages tiny-qwen3 needs. `deps.sh` for building and training,
-# `deps.sh --test` adds the test tools (GoogleTest, Debian's PyTorch for the parity tests).
+# `deps.sh --test` adds the test tools (GoogleTest, Debian's PyTorch for the parity tests),
+# `deps.sh --bench` those and what the benchmarks use (bc, BLIS for PyTorch).
 set -euo pipefail
 pkgs=(g++ cmake make libopenblas-openmp-dev libcli11-dev zlib1g-dev)
-if [ "${1:-}" = "--test" ]; then
-  pkgs+=(libgtest-dev python3-torch)
-fi
+case "${1:-}" in
+  --test) pkgs+=(libgtest-dev python3-torch) ;;
+  --bench) pkgs+=(libgtest-dev python3-torch bc libblis4-openmp) ;;
+esac
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
