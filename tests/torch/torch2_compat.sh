@@ -18,8 +18,11 @@ if ! chroot "$root" python3 -c 'import torch' >/dev/null 2>&1; then
   echo "building the torch 2.x root (Debian 13, once per build folder)..."
   debootstrap --variant=minbase --include=python3-torch,python3-numpy trixie "$root.tmp" \
     "${mirror:-http://deb.debian.org/debian}" >"$root.log" 2>&1 || {
-    echo "debootstrap failed, see $root.log"
-    exit 1
+    # no Debian 13 packages to be had (mirror unreachable): nothing about tiny-qwen3 was tested
+    echo "SKIP: debootstrap of Debian 13 failed (network?), see $root.log:"
+    tail -3 "$root.log"
+    rm -rf "$root.tmp"
+    exit 77
   }
   rm -rf "$root" && mv "$root.tmp" "$root"
 fi
