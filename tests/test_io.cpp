@@ -121,7 +121,7 @@ TEST_P(CheckpointRoundTrip, SavesAndLoadsEveryParameterExactly) {
   rec.seq_len = 32, rec.seed = 5, rec.steps = 2, rec.learning_rate = 0.05;
   rec.initial_loss = 7.5, rec.final_loss = 6.25, rec.losses = {7.5, 7.0};
   const std::string path = tmp_path("rt.pt");
-  save_checkpoint(path, c, w.data(), dtype, rec);
+  save_checkpoint(path, c, arena_reader(w.data()), dtype, rec);
   EXPECT_NE(access((path + ".tmp." + std::to_string(getpid())).c_str(), F_OK), 0);
   const Checkpoint ck = load_checkpoint(path);
   EXPECT_EQ(ck.preset, "debugmodel");
@@ -197,7 +197,7 @@ TEST(PtReader, RejectsForeignTruncatedAndCorruptFiles) {
   TrainRecord rec;
   rec.seq_len = 32;
   const std::string good = tmp_path("good.pt");
-  save_checkpoint(good, c, w.data(), DType::bf16, rec);
+  save_checkpoint(good, c, arena_reader(w.data()), DType::bf16, rec);
   const std::string bytes = read_all(good);
   const std::string bad = tmp_path("bad.pt");
   auto rejects = [&](const std::string& data, const std::string& what) {
@@ -239,7 +239,7 @@ TEST(Checkpoint, RejectsMismatchedStateDicts) {
   std::vector<float> w(p.total, 0.25f);
   PtWriter wr;
   ValuePtr root = v_dict();
-  dict_set(*root, "model", state_dict(wr, c, p, w.data(), DType::f32));
+  dict_set(*root, "model", state_dict(wr, c, p, arena_reader(w.data()), DType::f32));
   ValuePtr conf = v_dict();
   dict_set(*conf, "preset", v_str("0.6B"));
   dict_set(*conf, "seq_len", v_int(32));
@@ -276,7 +276,7 @@ std::vector<float> state_dict_round_trip(const Config& c, const std::vector<floa
                                          const Config* read_as = nullptr) {
   PtWriter wr;
   ValuePtr root = v_dict();
-  dict_set(*root, "model", state_dict(wr, c, make_layout(c), w.data(), dt));
+  dict_set(*root, "model", state_dict(wr, c, make_layout(c), arena_reader(w.data()), dt));
   if (edit) edit(*root->dict[0].second);
   const std::string path = tmp_path("sd.pt");
   wr.save(path, *root);

@@ -102,8 +102,9 @@ void validate(const TrainArgs& a) {
       throw Error(out + " is a folder; give a file name for the checkpoint");
   }
   const MemoryPlan plan = memory_plan(c, parse_dtype(a.dtype), a.batch_size, a.seq_len);
-  // + one host fp32 copy of the parameters for init and checkpointing
-  const double need = double(plan.total() + make_layout(c).total * sizeof(float));
+  // + init's and the checkpoint writer's per-tensor fp32 buffers
+  const double largest = double(std::max(c.V * c.C, 2 * c.qkv_rows() * c.C));
+  const double need = double(plan.total()) + 2 * largest * sizeof(float);
   const double have = available_memory_bytes();
   if (need > have) {
     char msg[256];
@@ -122,8 +123,8 @@ void dump_first_step(const std::string& path, const Config& c, const std::vector
   PtWriter w;
   const ParamLayout layout = make_layout(c);
   ValuePtr root = v_dict();
-  dict_set(*root, "params", state_dict(w, c, layout, params.data(), DType::f32));
-  dict_set(*root, "grads", state_dict(w, c, layout, grads.data(), DType::f32));
+  dict_set(*root, "params", state_dict(w, c, layout, arena_reader(params.data()), DType::f32));
+  dict_set(*root, "grads", state_dict(w, c, layout, arena_reader(grads.data()), DType::f32));
   dict_set(*root, "loss", v_float(loss));
   w.save(path, *root);
 }
@@ -139,10 +140,9 @@ int train(const TrainArgs& a) {
   std::printf("parameters: %s\n", with_commas(int64_t(layout.total)).c_str());
   std::fflush(stdout);
 
-  std::vector<float> host(layout.total);
-  init_params(host.data(), c, layout, uint64_t(a.seed));
   Qwen3 model(c, dtype, a.batch_size, a.seq_len, cpu_ops());
-  model.set_params(host.data());
+  init_params([&](size_t off, const float* x, size_t n) { model.set_params(x, off, n); }, c, layout,
+              uint64_t(a.seed));
   const Batch batch = fixed_batch(a.batch_size, a.seq_len, c.V);
 
   TrainRecord rec;
@@ -195,9 +195,9 @@ int train(const TrainArgs& a) {
     std::printf("speed: median step %.1f ms, %.0f tokens/s, %.1f GFLOP/s\n", med,
                 tokens / med * 1e3, flops / med * 1e-6);
   }
-  model.get_params(host.data());
   const std::string out = failure.empty() ? a.output : failed_name(a.output);
-  save_checkpoint(out, c, host.data(), dtype, rec);
+  save_checkpoint(
+      out, c, [&](size_t off, size_t n, float* x) { model.get_params(x, off, n); }, dtype, rec);
   std::printf("checkpoint: %s\n", out.c_str());
   if (!failure.empty()) {
     std::printf("training: FAILED: %s\n", failure.c_str());

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
 
 #include "io/file.h"
 #include "io/zip.h"
@@ -99,7 +100,11 @@ static std::vector<Run> entry_runs(const Config& c, const StateEntry& e) {
   return runs;
 }
 
-ValuePtr state_dict(PtWriter& w, const Config& c, const ParamLayout& p, const float* params,
+ParamReader arena_reader(const float* params) {
+  return [params](size_t off, size_t n, float* out) { std::memcpy(out, params + off, n * 4); };
+}
+
+ValuePtr state_dict(PtWriter& w, const Config& c, const ParamLayout& p, const ParamReader& read,
                     DType dtype) {
   const std::string cls = dtype == DType::f32 ? "FloatStorage" : "BFloat16Storage";
   ValuePtr sd = v_dict(true);
@@ -113,7 +118,11 @@ ValuePtr state_dict(PtWriter& w, const Config& c, const ParamLayout& p, const fl
     }
     const size_t es = dtype == DType::f32 ? 4 : 2;
     TensorRef t = w.add_storage(cls, n, [=, &c](uint8_t* b) {
-      for (const Run& r : entry_runs(c, e)) encode(b + r.dense * es, params + r.arena, r.n, dtype);
+      std::unique_ptr<float[]> tmp(new float[n]);
+      for (const Run& r : entry_runs(c, e)) {
+        read(r.arena, r.n, tmp.get());
+        encode(b + r.dense * es, tmp.get(), r.n, dtype);
+      }
     });
     if (e.key == "tok_embeddings.weight") emb = t;
     dict_set(*sd, e.key, v_tensor(full_view(t, e.shape)));
@@ -121,11 +130,11 @@ ValuePtr state_dict(PtWriter& w, const Config& c, const ParamLayout& p, const fl
   return sd;
 }
 
-void save_checkpoint(const std::string& path, const Config& cfg, const float* params, DType dtype,
-                     const TrainRecord& rec) {
+void save_checkpoint(const std::string& path, const Config& cfg, const ParamReader& read,
+                     DType dtype, const TrainRecord& rec) {
   PtWriter w;
   ValuePtr root = v_dict();
-  dict_set(*root, "model", state_dict(w, cfg, make_layout(cfg), params, dtype));
+  dict_set(*root, "model", state_dict(w, cfg, make_layout(cfg), read, dtype));
   ValuePtr conf = v_dict();
   dict_set(*conf, "preset", v_str(cfg.name));
   dict_set(*conf, "seq_len", v_int(rec.seq_len));

@@ -55,11 +55,16 @@ struct StateEntry {
 };
 std::vector<StateEntry> state_dict_entries(const Config& cfg, const ParamLayout& layout);
 
-// The state dict of params (fp32 arena in make_layout order) in the given dtype.
-ValuePtr state_dict(PtWriter& w, const Config& cfg, const ParamLayout& layout, const float* params,
-                    DType dtype);
-void save_checkpoint(const std::string& path, const Config& cfg, const float* params, DType dtype,
-                     const TrainRecord& rec);
+// Reads arena elements [off, off+n) as fp32 into out; called while the file is written,
+// one tensor at a time, so no full copy of the model is needed.
+using ParamReader = std::function<void(size_t off, size_t n, float* out)>;
+// The state dict of the parameters (arena in make_layout order) in the given dtype.
+ValuePtr state_dict(PtWriter& w, const Config& cfg, const ParamLayout& layout,
+                    const ParamReader& read, DType dtype);
+void save_checkpoint(const std::string& path, const Config& cfg, const ParamReader& read,
+                     DType dtype, const TrainRecord& rec);
+// The same from a whole fp32 arena params[layout.total].
+ParamReader arena_reader(const float* params);
 
 // Any torch.save zip file: validated container, unpickled root, bounds-checked tensors.
 class PtReader {

@@ -28,7 +28,7 @@ void TorchRng::normal(float* out, size_t n, float std) {
   }
 }
 
-void init_params(float* params, const Config& c, const ParamLayout& p, uint64_t seed) {
+void init_params(const ParamSink& sink, const Config& c, const ParamLayout& p, uint64_t seed) {
   TorchRng rng(seed);
   const uint64_t CV = c.C * c.V, QKV = c.qkv_rows() * c.C, HD = c.H * c.D;
   // Constructor draws: nn.Embedding normal_ (one uniform each), each nn.Linear's
@@ -37,38 +37,50 @@ void init_params(float* params, const Config& c, const ParamLayout& p, uint64_t 
   rng.skip(CV + c.L * per_layer + CV);
 
   const float std = 0.02f;
-  auto ones = [&](size_t off, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) params[off + i] = 1.0f;
+  std::vector<float> buf;
+  auto normal = [&](size_t off, size_t n) {
+    buf.resize(n);
+    rng.normal(buf.data(), n, std);
+    sink(off, buf.data(), n);
   };
-  if (!c.tied) rng.normal(params + p.tok_emb, CV, std);
+  auto ones = [&](size_t off, size_t n) {
+    buf.assign(n, 1.0f);
+    sink(off, buf.data(), n);
+  };
+  if (!c.tied) normal(p.tok_emb, CV);
   std::vector<float> q(HD * c.C), k(c.KVH * c.D * c.C), v(k.size());
   const int64_t G = c.H / c.KVH;
+  const size_t head = c.D * c.C;
   for (int64_t l = 0; l < c.L; ++l) {
     const ParamLayout::Layer& ly = p.layers[l];
     rng.normal(q.data(), q.size(), std);
     rng.normal(k.data(), k.size(), std);
     rng.normal(v.data(), v.size(), std);
     // interleave into the fused layout: per kv group, G query heads, then k, then v
-    float* w = params + ly.wqkv;
-    const size_t head = c.D * c.C;
+    buf.resize(QKV);
     for (int64_t g = 0; g < c.KVH; ++g) {
-      float* blk = w + g * (G + 2) * head;
-      for (int64_t s = 0; s < G; ++s)
-        std::copy_n(q.data() + (g * G + s) * head, head, blk + s * head);
+      float* blk = buf.data() + g * (G + 2) * head;
+      std::copy_n(q.data() + g * G * head, G * head, blk);
       std::copy_n(k.data() + g * head, head, blk + G * head);
       std::copy_n(v.data() + g * head, head, blk + (G + 1) * head);
     }
-    rng.normal(params + ly.wo, c.C * HD, std);
+    sink(ly.wqkv, buf.data(), QKV);
+    normal(ly.wo, c.C * HD);
     ones(ly.q_norm, c.D);
     ones(ly.k_norm, c.D);
-    rng.normal(params + ly.w1, c.F * c.C, std);
-    rng.normal(params + ly.w2, c.C * c.F, std);
-    rng.normal(params + ly.w3, c.F * c.C, std);
+    normal(ly.w1, c.F * c.C);
+    normal(ly.w2, c.C * c.F);
+    normal(ly.w3, c.F * c.C);
     ones(ly.attn_norm, c.C);
     ones(ly.ffn_norm, c.C);
   }
   ones(p.norm, c.C);
-  rng.normal(params + p.lm_head, CV, std);
+  normal(p.lm_head, CV);
+}
+
+void init_params(float* params, const Config& c, const ParamLayout& p, uint64_t seed) {
+  init_params([&](size_t off, const float* x, size_t n) { std::copy_n(x, n, params + off); }, c, p,
+              seed);
 }
 
 }  // namespace tq

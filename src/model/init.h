@@ -2,6 +2,7 @@
 // (MT19937, torch's fp32 uniform and normal_ algorithms), then TorchTitan's init order (spec §9).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <random>
 
 #include "model/config.h"
@@ -22,8 +23,13 @@ class TorchRng {
   std::mt19937 mt_;
 };
 
-// Fills params[layout.total] as TorchTitan does for a model built on the CPU:
-// constructor draws (consumed, then overwritten), then init_states.
+// Initializes the parameters as TorchTitan does for a model built on the CPU: constructor
+// draws (consumed, then overwritten), then init_states. Each tensor is handed to sink(offset,
+// values, n) as soon as it is drawn, so no full fp32 copy of the model is needed.
+using ParamSink = std::function<void(size_t offset, const float* values, size_t n)>;
+void init_params(const ParamSink& sink, const Config& cfg, const ParamLayout& layout,
+                 uint64_t seed);
+// The same into params[layout.total].
 void init_params(float* params, const Config& cfg, const ParamLayout& layout, uint64_t seed);
 
 }  // namespace tq

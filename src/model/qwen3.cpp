@@ -112,24 +112,25 @@ Qwen3::~Qwen3() {
     ops_.release(p);
 }
 
-void Qwen3::set_params(const float* host) {
-  if (dtype_ == DType::f32) return ops_.upload(params_, host, layout_.total * 4);
-  std::vector<uint16_t> b(layout_.total);
-  for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(host[i]);
-  ops_.upload(params_, b.data(), b.size() * 2);
+void Qwen3::set_params(const float* host, size_t off, size_t n) {
+  if (dtype_ == DType::f32) return ops_.upload(static_cast<float*>(params_) + off, host, n * 4);
+  std::vector<uint16_t> b(n);
+  for (size_t i = 0; i < n; ++i) b[i] = f32_to_bf16(host[i]);
+  ops_.upload(static_cast<uint16_t*>(params_) + off, b.data(), n * 2);
 }
 
-static void download_arena(const Ops& ops, float* host, const void* arena, size_t n, DType dt) {
-  if (dt == DType::f32) return ops.download(host, arena, n * 4);
+static void download_arena(const Ops& ops, float* host, const void* arena, size_t off, size_t n,
+                           DType dt) {
+  if (dt == DType::f32) return ops.download(host, static_cast<const float*>(arena) + off, n * 4);
   std::vector<uint16_t> b(n);
-  ops.download(b.data(), arena, n * 2);
+  ops.download(b.data(), static_cast<const uint16_t*>(arena) + off, n * 2);
   for (size_t i = 0; i < n; ++i) host[i] = bf16_to_f32(b[i]);
 }
-void Qwen3::get_params(float* host) const {
-  download_arena(ops_, host, params_, layout_.total, dtype_);
+void Qwen3::get_params(float* host, size_t off, size_t n) const {
+  download_arena(ops_, host, params_, off, n, dtype_);
 }
 void Qwen3::get_grads(float* host) const {
-  download_arena(ops_, host, grads_, layout_.total, dtype_);
+  download_arena(ops_, host, grads_, 0, layout_.total, dtype_);
 }
 
 float* Qwen3::rb(float* p, int64_t n) {

@@ -39,10 +39,12 @@ class Qwen3 {
 
   const Config& cfg() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
-  // Host fp32 copies of the whole arena (layout().total elements). In bf16 mode the arenas
-  // hold bf16: set_params rounds to nearest even, the getters widen exactly.
-  void set_params(const float* host);
-  void get_params(float* host) const;
+  // Host fp32 copies of arena elements [off, off+n), or of the whole arena. In bf16 mode the
+  // arenas hold bf16: set_params rounds to nearest even, the getters widen exactly.
+  void set_params(const float* host, size_t off, size_t n);
+  void get_params(float* host, size_t off, size_t n) const;
+  void set_params(const float* host) { set_params(host, 0, layout_.total); }
+  void get_params(float* host) const { get_params(host, 0, layout_.total); }
   void get_grads(float* host) const;
 
   double forward(const Batch& batch);  // mean loss; saves activations for backward
