@@ -33,5 +33,8 @@ inline float round_bf16(float f) {
 enum class DType { f32, bf16 };
 DType parse_dtype(const std::string& s);  // "float32" | "bfloat16", else Error
 const char* dtype_name(DType t);
+inline size_t dtype_size(DType t) {
+  return t == DType::f32 ? 4 : 2;
+}  // bytes per element
 
 }  // namespace tq

@@ -107,6 +107,7 @@ ParamReader arena_reader(const float* params) {
 ValuePtr state_dict(PtWriter& w, const Config& c, const ParamLayout& p, const ParamReader& read,
                     DType dtype) {
   const std::string cls = dtype == DType::f32 ? "FloatStorage" : "BFloat16Storage";
+  const size_t es = dtype_size(dtype);
   ValuePtr sd = v_dict(true);
   TensorRef emb;
   for (const StateEntry& e : state_dict_entries(c, p)) {
@@ -116,7 +117,6 @@ ValuePtr state_dict(PtWriter& w, const Config& c, const ParamLayout& p, const Pa
       dict_set(*sd, e.key, v_tensor(full_view(emb, e.shape)));
       continue;
     }
-    const size_t es = dtype == DType::f32 ? 4 : 2;
     TensorRef t = w.add_storage(cls, n, [=, &c](uint8_t* b) {
       std::unique_ptr<float[]> tmp(new float[n]);
       for (const Run& r : entry_runs(c, e)) {
@@ -177,7 +177,6 @@ double num(const Value& v) {
 
 }  // namespace
 
-// PtReader
 PtReader::PtReader(const std::string& path) : file(path), zip(check_magic(file)) {
   const auto& names = zip.names();
   if (names.empty()) throw Error(path + ": empty zip archive, not a PyTorch checkpoint");

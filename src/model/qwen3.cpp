@@ -65,7 +65,7 @@ static size_t largest_param(const ParamLayout& p) {
 
 MemoryPlan memory_plan(const Config& c, DType dtype, int64_t B, int64_t T) {
   const ParamLayout p = make_layout(c);
-  const size_t P = p.total * (dtype == DType::f32 ? 4 : 2);
+  const size_t P = p.total * dtype_size(dtype);
   const size_t bf16_bufs = dtype == DType::bf16 ? 2 * largest_param(p) * 4 : 0;
   return {P, P, size_t(c.L * sum(layer_act_sizes(c, B, T)) + final_act_size(c, B * T)) * 4,
           size_t(sum(scratch_sizes(c, B, T))) * 4 + bf16_bufs};
@@ -205,7 +205,7 @@ void Qwen3::backward() {
   const Config& c = cfg_;
   const Ops& o = ops_;
   const int64_t N = N_, C = c.C, H = c.H, K = c.KVH, D = c.D, F = c.F, QKV = c.qkv_rows();
-  o.zero(grads_, layout_.total * (dtype_ == DType::f32 ? 4 : 2));
+  o.zero(grads_, layout_.total * dtype_size(dtype_));
   // Each parameter-gradient call is bracketed by grad(off, n) ... grad_done(off, n).
   // logits -> dlogits in place
   o.crossentropy_backward(logits_, logits_, lse_ce_, targets_.data(), N, c.V, 1.0 / N);
