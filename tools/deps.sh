@@ -3,7 +3,7 @@
 # `deps.sh --test` adds the test tools (GoogleTest, Debian's PyTorch for the parity tests),
 # `deps.sh --bench` those and what the benchmarks use (bc, BLIS for PyTorch).
 set -euo pipefail
-pkgs=(g++ cmake make libopenblas-openmp-dev libcli11-dev zlib1g-dev)
+pkgs=(g++ cmake make libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev zlib1g-dev)
 case "${1:-}" in
   --test) pkgs+=(libgtest-dev python3-torch) ;;
   --bench) pkgs+=(libgtest-dev python3-torch bc libblis4-openmp) ;;

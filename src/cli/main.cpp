@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +17,9 @@
 #include "core/common.h"
 #include "cpu/layers.h"
 #include "io/checkpoint.h"
+#include "io/export.h"
+#include "io/model_file.h"
+#include "io/safetensors.h"
 #include "model/init.h"
 #include "model/qwen3.h"
 #include "ref/model.h"
@@ -25,7 +29,8 @@ namespace {
 
 struct TrainArgs {
   std::string backend = "cpu", preset = "debugmodel", dtype = "bfloat16", output;
-  std::string dump_first_step;
+  std::string dump_first_step, init_from;
+  bool preset_given = false;
   int64_t seq_len = 32, batch_size = 1, seed = 0, steps = 20;
   double lr = 0.05;
   int threads = 0;
@@ -76,6 +81,16 @@ std::string failed_name(const std::string& path) {
   return path + ".FAILED";
 }
 
+// The folder of `out` must be writable and `out` itself must not be a folder.
+void check_output_file(const std::string& out) {
+  const size_t slash = out.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : out.substr(0, slash + 1);
+  if (access(dir.c_str(), W_OK) != 0) throw Error("cannot write to folder " + dir + " of " + out);
+  struct stat st;
+  if (stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    throw Error(out + " is a folder; give a file name");
+}
+
 void validate(const TrainArgs& a) {
   if (a.backend != "cpu") throw Error("unknown backend '" + a.backend + "' (this build has: cpu)");
   const Config& c = preset(a.preset);
@@ -92,15 +107,8 @@ void validate(const TrainArgs& a) {
     throw Error("--learning-rate must be a positive number, got " + fmt_g(a.lr));
   if (a.threads < 0 || a.threads > 4096)
     throw Error("--threads must be in 1..4096, got " + std::to_string(a.threads));
-  for (const std::string& out : {a.output, a.dump_first_step}) {
-    if (out.empty()) continue;
-    const size_t slash = out.rfind('/');
-    const std::string dir = slash == std::string::npos ? "." : out.substr(0, slash + 1);
-    if (access(dir.c_str(), W_OK) != 0) throw Error("cannot write to folder " + dir + " of " + out);
-    struct stat st;
-    if (stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-      throw Error(out + " is a folder; give a file name for the checkpoint");
-  }
+  for (const std::string& out : {a.output, a.dump_first_step})
+    if (!out.empty()) check_output_file(out);
   const MemoryPlan plan = memory_plan(c, parse_dtype(a.dtype), a.batch_size, a.seq_len);
   // + init's and the checkpoint writer's per-tensor fp32 buffers
   const double largest = double(std::max(c.V * c.C, 2 * c.qkv_rows() * c.C));
@@ -129,7 +137,12 @@ void dump_first_step(const std::string& path, const Config& c, const std::vector
   w.save(path, *root);
 }
 
-int train(const TrainArgs& a) {
+int train(TrainArgs a) {
+  std::optional<ModelFile> src;  // --init-from: the weights to start from
+  if (!a.init_from.empty()) {
+    src = open_model_file(a.init_from);
+    a.preset = resolve_preset(*src, a.preset_given ? a.preset : "").name;
+  }
   validate(a);
   const Config& c = preset(a.preset);
   const DType dtype = parse_dtype(a.dtype);
@@ -141,12 +154,19 @@ int train(const TrainArgs& a) {
   std::fflush(stdout);
 
   Qwen3 model(c, dtype, a.batch_size, a.seq_len, cpu_ops());
-  init_params([&](size_t off, const float* x, size_t n) { model.set_params(x, off, n); }, c, layout,
-              uint64_t(a.seed));
+  const ParamSink sink = [&](size_t off, const float* x, size_t n) { model.set_params(x, off, n); };
+  if (src) {
+    load_params(*src, c, sink);
+    std::printf("init: %s (%s, %s, %s)\n", a.init_from.c_str(), src->kind.c_str(), c.name.c_str(),
+                src->dtype ? dtype_name(*src->dtype) : "mixed dtypes");
+  } else {
+    init_params(sink, c, layout, uint64_t(a.seed));
+  }
   const Batch batch = fixed_batch(a.batch_size, a.seq_len, c.V);
 
   TrainRecord rec;
   rec.seq_len = a.seq_len, rec.seed = a.seed, rec.learning_rate = a.lr;
+  rec.init_from = a.init_from;
   std::vector<double> ms;
   std::string failure;
   for (int64_t s = 1; s <= a.steps; ++s) {
@@ -207,17 +227,43 @@ int train(const TrainArgs& a) {
   return 0;
 }
 
-int check(const std::string& path, int threads) {
-  cpu::set_threads(threads ? threads : default_threads());
-  const Checkpoint ck = load_checkpoint(path);
+struct CheckArgs {
+  std::string path, save_logits;
+  int threads = 0;
+  int64_t seq_len = 0;  // 0: the recorded one, else 32
+};
+
+int check(const CheckArgs& a) {
+  cpu::set_threads(a.threads ? a.threads : default_threads());
+  if (!a.save_logits.empty()) check_output_file(a.save_logits);
+  const Checkpoint ck = load_checkpoint(a.path);
   const Config& c = preset(ck.preset);
-  const Batch batch = fixed_batch(1, ck.rec.seq_len, c.V);
+  const int64_t T = a.seq_len ? a.seq_len : ck.rec.seq_len ? ck.rec.seq_len : 32;
+  if (T < 1 || T > c.max_ctx)
+    throw Error("--seq-len must be in 1.." + std::to_string(c.max_ctx) + " for " + c.name +
+                ", got " + std::to_string(T));
+  const Batch batch = fixed_batch(1, T, c.V);
   int64_t correct = 0;
-  const double loss = ref::model_loss(c, ck.params.data(), batch, &correct);
+  std::vector<float> logits;
+  const double loss = ref::model_loss(c, ck.params.data(), batch, &correct,
+                                      a.save_logits.empty() ? nullptr : &logits);
   std::printf("preset: %s, dtype: %s, seq_len: %lld\n", c.name.c_str(), dtype_name(ck.dtype),
-              (long long)ck.rec.seq_len);
+              (long long)T);
   std::printf("CPU checkpoint loss: %.6f\n", loss);
   std::printf("correct next tokens: %lld/%lld\n", (long long)correct, (long long)batch.T);
+  if (!a.save_logits.empty()) {
+    save_safetensors(a.save_logits,
+                     {{"logits", "F32", {T, c.V}, [&](uint8_t* out) {
+                         std::memcpy(out, logits.data(), logits.size() * sizeof(float));
+                       }}},
+                     {{"format", "pt"}});
+    std::printf("logits: %s\n", a.save_logits.c_str());
+  }
+  if (!ck.recorded || T != ck.rec.seq_len) {
+    std::printf("no recorded final loss for seq_len %lld in %s: nothing to compare\n",
+                (long long)T, a.path.c_str());
+    return 0;
+  }
   const double tol = 1e-2 + 1e-2 * std::fabs(ck.rec.final_loss);
   if (std::isfinite(loss) && std::fabs(loss - ck.rec.final_loss) <= tol) {
     std::printf("PASS: checkpoint loss matches the saved final loss within tolerance\n");
@@ -229,19 +275,60 @@ int check(const std::string& path, int threads) {
   return 1;
 }
 
+struct ExportArgs {
+  std::string path, format, out, dtype, preset;
+};
+
+int export_model(const ExportArgs& a) {
+  if (a.format != "hf" && a.format != "pt")
+    throw Error("--format must be hf (a Hugging Face folder) or pt (a state dict), got '" +
+                a.format + "'");
+  if (a.format == "pt") check_output_file(a.out);
+  const ModelFile mf = open_model_file(a.path);
+  const Config& c = resolve_preset(mf, a.preset);
+  const DType dtype = a.dtype.empty() ? mf.dtype.value_or(DType::f32) : parse_dtype(a.dtype);
+  const ParamLayout layout = make_layout(c);
+  // held in the export dtype: a bf16 export of a large preset needs half the memory
+  std::vector<float> f32;
+  std::vector<uint16_t> b16;
+  (dtype == DType::f32 ? f32.resize(layout.total) : b16.resize(layout.total));
+  load_params(mf, c, [&](size_t off, const float* x, size_t n) {
+    if (dtype == DType::f32)
+      std::memcpy(f32.data() + off, x, n * sizeof(float));
+    else
+      for (size_t i = 0; i < n; ++i) b16[off + i] = f32_to_bf16(x[i]);
+  });
+  const ParamReader read = [&](size_t off, size_t n, float* out) {
+    if (dtype == DType::f32)
+      std::memcpy(out, f32.data() + off, n * sizeof(float));
+    else
+      for (size_t i = 0; i < n; ++i) out[i] = bf16_to_f32(b16[off + i]);
+  };
+  if (a.format == "hf")
+    export_hf(a.out, c, read, dtype, mf.record ? &*mf.record : nullptr);
+  else
+    export_pt(a.out, c, read, dtype);
+  std::printf("exported %s (%s, %s parameters) from %s to %s\n", c.name.c_str(),
+              dtype_name(dtype), with_commas(int64_t(layout.total)).c_str(), mf.kind.c_str(),
+              a.out.c_str());
+  return 0;
+}
+
 }  // namespace
 }  // namespace tq
 
 int main(int argc, char** argv) {
   using namespace tq;
   std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit then fails the write with a message
-  CLI::App app{"tiny-qwen3: train TorchTitan's Qwen3 in C++ and check PyTorch checkpoints"};
+  CLI::App app{"tiny-qwen3: train TorchTitan's Qwen3 in C++; check, import and export its weights"};
   app.require_subcommand(1);
   TrainArgs a;
   CLI::App* tr = app.add_subcommand("train", "train on the walkthrough's fixed batch with SGD");
   tr->add_option("--backend", a.backend, "cpu")->capture_default_str();
-  tr->add_option("--preset", a.preset, "debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B")
-      ->capture_default_str();
+  CLI::Option* preset_opt =
+      tr->add_option("--preset", a.preset,
+                     "debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B (with --init-from: inferred)")
+          ->capture_default_str();
   tr->add_option("--seq-len", a.seq_len, "tokens per sequence (T)")->capture_default_str();
   tr->add_option("--batch-size", a.batch_size, "sequences per step (B); repeats the fixed batch")
       ->capture_default_str();
@@ -252,13 +339,24 @@ int main(int argc, char** argv) {
   tr->add_option("--dtype", a.dtype, "parameter dtype: bfloat16 or float32")->capture_default_str();
   tr->add_option("--threads", a.threads, "CPU threads (default: all cores)");
   tr->add_option("--output", a.output, "checkpoint path (.pt)")->required();
+  tr->add_option("--init-from", a.init_from,
+                 "start from these weights instead of the seed: a .pt checkpoint or state dict, "
+                 "a .safetensors file or a Hugging Face folder");
   tr->add_option("--dump-first-step", a.dump_first_step,
                  "also save initial params, first-step grads and loss (.pt) for parity tests");
-  std::string ckpath;
-  int check_threads = 0;
-  CLI::App* ck = app.add_subcommand("check", "evaluate a checkpoint in fp32 on the fixed batch");
-  ck->add_option("checkpoint", ckpath, "checkpoint path (.pt)")->required();
-  ck->add_option("--threads", check_threads, "CPU threads (default: all cores)");
+  CheckArgs ca;
+  CLI::App* ck = app.add_subcommand("check", "evaluate a model file in fp32 on the fixed batch");
+  ck->add_option("checkpoint", ca.path, "a .pt, .safetensors or Hugging Face folder")->required();
+  ck->add_option("--threads", ca.threads, "CPU threads (default: all cores)");
+  ck->add_option("--seq-len", ca.seq_len, "tokens to evaluate (default: the recorded seq_len, or 32)");
+  ck->add_option("--save-logits", ca.save_logits, "also write the logits [T, V] (.safetensors)");
+  ExportArgs ea;
+  CLI::App* ex = app.add_subcommand("export", "write a model file for other tools");
+  ex->add_option("checkpoint", ea.path, "a .pt, .safetensors or Hugging Face folder")->required();
+  ex->add_option("--format", ea.format, "hf (Hugging Face folder) or pt (state dict)")->required();
+  ex->add_option("--out", ea.out, "output folder (hf) or file (pt)")->required();
+  ex->add_option("--dtype", ea.dtype, "bfloat16 or float32 (default: the source's)");
+  ex->add_option("--preset", ea.preset, "check the weights against this preset (default: inferred)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -268,8 +366,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    if (tr->parsed()) return train(a);
-    return check(ckpath, check_threads);
+    if (tr->parsed()) {
+      a.preset_given = preset_opt->count() > 0;
+      return train(a);
+    }
+    if (ex->parsed()) return export_model(ea);
+    return check(ca);
   } catch (const Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "error: %s\n", e.what());

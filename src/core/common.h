@@ -26,6 +26,22 @@ inline float bf16_to_f32(uint16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+inline float half_to_f32(uint16_t h) {  // IEEE binary16
+  const uint32_t sign = uint32_t(h >> 15) << 31, ex = (h >> 10) & 0x1f, man = h & 0x3ff;
+  uint32_t u;
+  if (ex == 31) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else if (ex) {
+    u = sign | ((ex + 112) << 23) | (man << 13);
+  } else {  // zero or subnormal: man * 2^-24, exact in fp32
+    float f = float(man) * 0x1p-24f;
+    std::memcpy(&u, &f, 4);
+    u |= sign;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 inline float round_bf16(float f) {
   return bf16_to_f32(f32_to_bf16(f));
 }

@@ -1,5 +1,6 @@
 #include "io/checkpoint.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -84,17 +85,12 @@ std::vector<StateEntry> state_dict_entries(const Config& c, const ParamLayout& p
   return r;
 }
 
-// Where entry e's dense tensor lies in the arena: (arena offset, dense offset, count) runs.
-// The q/k/v entries are slots [slot0, slot0+slots) of every kv group of the fused rows (§3).
-struct Run {
-  size_t arena, dense, n;
-};
-static std::vector<Run> entry_runs(const Config& c, const StateEntry& e) {
+std::vector<ArenaRun> entry_runs(const Config& c, const StateEntry& e) {
   size_t n = 1;
   for (int64_t s : e.shape) n *= size_t(s);
   if (e.slot0 < 0) return {{e.offset, 0, n}};
   const size_t G = c.H / c.KVH, DC = c.D * c.C, chunk = e.slots * DC;
-  std::vector<Run> runs;
+  std::vector<ArenaRun> runs;
   for (size_t g = 0; g < size_t(c.KVH); ++g)
     runs.push_back({e.offset + (g * (G + 2) + e.slot0) * DC, g * chunk, chunk});
   return runs;
@@ -104,10 +100,20 @@ ParamReader arena_reader(const float* params) {
   return [params](size_t off, size_t n, float* out) { std::memcpy(out, params + off, n * 4); };
 }
 
+void encode_entry(uint8_t* out, const Config& c, const StateEntry& e, const ParamReader& read,
+                  DType dtype) {
+  size_t n = 0;
+  for (const ArenaRun& r : entry_runs(c, e)) n = std::max(n, r.n);
+  std::unique_ptr<float[]> tmp(new float[n]);
+  for (const ArenaRun& r : entry_runs(c, e)) {
+    read(r.arena, r.n, tmp.get());
+    encode(out + r.dense * dtype_size(dtype), tmp.get(), int64_t(r.n), dtype);
+  }
+}
+
 ValuePtr state_dict(PtWriter& w, const Config& c, const ParamLayout& p, const ParamReader& read,
                     DType dtype) {
   const std::string cls = dtype == DType::f32 ? "FloatStorage" : "BFloat16Storage";
-  const size_t es = dtype_size(dtype);
   ValuePtr sd = v_dict(true);
   TensorRef emb;
   for (const StateEntry& e : state_dict_entries(c, p)) {
@@ -117,13 +123,8 @@ ValuePtr state_dict(PtWriter& w, const Config& c, const ParamLayout& p, const Pa
       dict_set(*sd, e.key, v_tensor(full_view(emb, e.shape)));
       continue;
     }
-    TensorRef t = w.add_storage(cls, n, [=, &c](uint8_t* b) {
-      std::unique_ptr<float[]> tmp(new float[n]);
-      for (const Run& r : entry_runs(c, e)) {
-        read(r.arena, r.n, tmp.get());
-        encode(b + r.dense * es, tmp.get(), r.n, dtype);
-      }
-    });
+    TensorRef t =
+        w.add_storage(cls, n, [=, &c](uint8_t* b) { encode_entry(b, c, e, read, dtype); });
     if (e.key == "tok_embeddings.weight") emb = t;
     dict_set(*sd, e.key, v_tensor(full_view(t, e.shape)));
   }
@@ -148,34 +149,18 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamRead
   std::vector<ValuePtr> losses;
   for (double l : rec.losses) losses.push_back(v_float(l));
   dict_set(*root, "losses", v_list(losses));
+  if (!rec.init_from.empty()) dict_set(*root, "init_from", v_str(rec.init_from));
   dict_set(*root, "format", v_str(kCheckpointFormat));
   w.save(path, *root);
 }
 
 // ------------------------------------------------------------------ reading
 
-namespace {
-
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string r = "[";
   for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
   return r + "]";
 }
-
-const Value& need(const Value& d, const std::string& key, Value::Kind kind,
-                  const std::string& path) {
-  const Value* v = d.get(key);
-  if (!v) throw Error(path + ": checkpoint has no '" + key + "' entry");
-  if (v->kind != kind && !(kind == Value::Float && v->kind == Value::Int))
-    throw Error(path + ": checkpoint entry '" + key + "' is a " + kind_name(v->kind) +
-                ", expected " + kind_name(kind));
-  return *v;
-}
-double num(const Value& v) {
-  return v.kind == Value::Int ? double(v.i) : v.f;
-}
-
-}  // namespace
 
 PtReader::PtReader(const std::string& path) : file(path), zip(check_magic(file)) {
   const auto& names = zip.names();
@@ -232,7 +217,7 @@ std::vector<float> PtReader::tensor(const std::string& name, const Value* v,
     throw Error(where + ": is a " + kind_name(v->kind) + ", not a tensor");
   const TensorRef& t = v->tensor;
   if (t.size != shape)
-    throw Error(where + ": shape " + shape_str(t.size) + " but the preset needs " +
+    throw Error(where + ": shape " + shape_str(t.size) + ", expected " +
                 shape_str(shape));
   const size_t es = storage_element_size(t.storage);
   if (t.storage != "FloatStorage" && t.storage != "BFloat16Storage" && t.storage != "HalfStorage" &&
@@ -287,15 +272,7 @@ std::vector<float> PtReader::tensor(const std::string& name, const Value* v,
     } else {
       uint16_t h;
       std::memcpy(&h, p, 2);
-      if (t.storage == "BFloat16Storage")
-        x = bf16_to_f32(h);
-      else {  // IEEE half
-        const uint32_t sign = (h >> 15) & 1, ex = (h >> 10) & 0x1f, man = h & 0x3ff;
-        x = ex == 0    ? std::ldexp(float(man), -24)
-            : ex == 31 ? (man ? NAN : INFINITY)
-                       : std::ldexp(float(man | 0x400), int(ex) - 25);
-        if (sign) x = -x;
-      }
+      x = t.storage == "BFloat16Storage" ? bf16_to_f32(h) : half_to_f32(h);
     }
     out[k] = x;
     for (size_t i = shape.size(); i-- > 0;) {
@@ -304,69 +281,6 @@ std::vector<float> PtReader::tensor(const std::string& name, const Value* v,
     }
   }
   return out;
-}
-
-std::vector<float> load_state_dict(const PtReader& pt, const Value& sd, const Config& c,
-                                   bool* any_bf16) {
-  // every key and shape first: a mismatch is reported before anything large is allocated
-  const ParamLayout p = make_layout(c);
-  const std::vector<StateEntry> entries = state_dict_entries(c, p);
-  for (const StateEntry& e : entries) {
-    const Value* v = sd.get(e.key);
-    if (!v)
-      throw Error(pt.file.path() + ": " + e.key + ": missing from the state dict of a " + c.name);
-    if (v->kind != Value::Tensor)
-      throw Error(pt.file.path() + ": " + e.key + ": is a " + kind_name(v->kind) +
-                  ", not a tensor");
-    if (v->tensor.size != e.shape)
-      throw Error(pt.file.path() + ": " + e.key + ": shape " + shape_str(v->tensor.size) +
-                  " but the preset needs " + shape_str(e.shape));
-  }
-  if (sd.dict.size() != entries.size())
-    throw Error(pt.file.path() + ": state dict has " + std::to_string(sd.dict.size()) +
-                " entries, " + c.name + " has " + std::to_string(entries.size()));
-  std::vector<float> params(p.total);
-  *any_bf16 = false;
-  for (const StateEntry& e : entries) {
-    const Value* v = sd.get(e.key);
-    *any_bf16 |= v->tensor.storage == "BFloat16Storage";
-    std::vector<float> t = pt.tensor(e.key, v, e.shape);
-    if (!e.tied_copy) {
-      for (const Run& r : entry_runs(c, e)) std::memcpy(&params[r.arena], &t[r.dense], r.n * 4);
-    } else if (std::memcmp(t.data(), params.data() + e.offset, t.size() * 4) != 0) {
-      throw Error(pt.file.path() + ": lm_head.weight differs from tok_embeddings.weight, but " +
-                  c.name + " ties them");
-    }
-  }
-  return params;
-}
-
-Checkpoint load_checkpoint(const std::string& path) {
-  PtReader pt(path);
-  const Value& root = *pt.root;
-  if (root.kind != Value::Dict) throw Error(path + ": checkpoint is not a dict");
-  Checkpoint ck;
-  const Value& conf = need(root, "config", Value::Dict, path);
-  ck.preset = need(conf, "preset", Value::Str, path).s;
-  const Config& c = preset(ck.preset);
-  ck.rec.seq_len = need(conf, "seq_len", Value::Int, path).i;
-  if (const Value* s = conf.get("seed"); s && s->kind == Value::Int) ck.rec.seed = s->i;
-  if (ck.rec.seq_len < 1 || ck.rec.seq_len > c.max_ctx)
-    throw Error(path + ": seq_len " + std::to_string(ck.rec.seq_len) + " out of range for " +
-                c.name);
-  ck.rec.final_loss = num(need(root, "final_loss", Value::Float, path));
-  if (const Value* v = root.get("initial_loss")) ck.rec.initial_loss = num(*v);
-  if (const Value* v = root.get("steps"); v && v->kind == Value::Int) ck.rec.steps = v->i;
-  if (const Value* v = root.get("learning_rate")) ck.rec.learning_rate = num(*v);
-  if (const Value* v = root.get("losses"); v && v->kind == Value::List)
-    for (auto& x : v->items) ck.rec.losses.push_back(num(*x));
-  const Value& sd = need(root, "model", Value::Dict, path);
-
-  bool any_bf16 = false;
-  ck.params = load_state_dict(pt, sd, c, &any_bf16);
-  ck.dtype = any_bf16 ? DType::bf16 : DType::f32;
-  if (const Value* v = root.get("dtype"); v && v->kind == Value::Str) ck.dtype = parse_dtype(v->s);
-  return ck;
 }
 
 }  // namespace tq

@@ -1,7 +1,7 @@
 // tiny-qwen3 checkpoints: real PyTorch .pt files (zip + pickle protocol 2).
 // {"model": state_dict (TorchTitan's split-qkv key names, tied weight stored once),
 //  "config": {"preset", "seq_len", "seed"}, "steps", "learning_rate", "initial_loss",
-//  "final_loss", "dtype", "losses", "format"}
+//  "final_loss", "dtype", "losses", "format"[, "init_from"]}
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -42,6 +42,7 @@ struct TrainRecord {
   int64_t seq_len = 0, seed = 0, steps = 0;
   double learning_rate = 0, initial_loss = 0, final_loss = 0;
   std::vector<double> losses;
+  std::string init_from;  // the file the weights started from, if not the seed
 };
 
 // One entry of TorchTitan's state_dict() (spec §8) and where it lives in the arena.
@@ -55,9 +56,19 @@ struct StateEntry {
 };
 std::vector<StateEntry> state_dict_entries(const Config& cfg, const ParamLayout& layout);
 
+// Where entry e's dense tensor lies in the arena: runs of n elements from arena offset
+// `arena` to dense offset `dense`. The q/k/v entries are slots of every kv group (spec §3).
+struct ArenaRun {
+  size_t arena, dense, n;
+};
+std::vector<ArenaRun> entry_runs(const Config& cfg, const StateEntry& e);
+
 // Reads arena elements [off, off+n) as fp32 into out; called while the file is written,
 // one tensor at a time, so no full copy of the model is needed.
 using ParamReader = std::function<void(size_t off, size_t n, float* out)>;
+// Entry e's dense tensor, read from the arena and encoded in dtype, into out.
+void encode_entry(uint8_t* out, const Config& cfg, const StateEntry& e, const ParamReader& read,
+                  DType dtype);
 // The state dict of the parameters (arena in make_layout order) in the given dtype.
 ValuePtr state_dict(PtWriter& w, const Config& cfg, const ParamLayout& layout,
                     const ParamReader& read, DType dtype);
@@ -65,6 +76,8 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamRead
                      DType dtype, const TrainRecord& rec);
 // The same from a whole fp32 arena params[layout.total].
 ParamReader arena_reader(const float* params);
+
+std::string shape_str(const std::vector<int64_t>& shape);  // "[2048, 256]"
 
 // Any torch.save zip file: validated container, unpickled root, bounds-checked tensors.
 class PtReader {
@@ -79,23 +92,8 @@ class PtReader {
   std::string prefix;  // the archive folder, e.g. "archive/"
   ValuePtr root;
 
- private:
+  // Error naming legacy/foreign formats unless f starts like a zip.
   static const MappedFile& check_magic(const MappedFile& f);
 };
-
-// The parameter arena (make_layout(cfg) order, fp32) from a TorchTitan state dict `sd` of pt;
-// every key and shape is checked before anything large is allocated. *any_bf16 tells
-// whether some tensor was stored as bf16.
-std::vector<float> load_state_dict(const PtReader& pt, const Value& sd, const Config& cfg,
-                                   bool* any_bf16);
-
-struct Checkpoint {
-  std::string preset;
-  DType dtype = DType::f32;
-  TrainRecord rec;
-  std::vector<float> params;  // make_layout(preset(preset)) order, fp32
-};
-// Error (one line, naming the problem) for anything missing, malformed or mismatched.
-Checkpoint load_checkpoint(const std::string& path);
 
 }  // namespace tq

@@ -10,9 +10,9 @@
 namespace tq::ref {
 
 // Mean cross-entropy of `batch` under params (fp32 arena, make_layout order).
-// Counts argmax hits into *correct when given.
+// Counts argmax hits into *correct and copies the logits [B*T, V] when asked.
 inline double model_loss(const Config& c, const float* params, const Batch& batch,
-                         int64_t* correct = nullptr) {
+                         int64_t* correct = nullptr, std::vector<float>* logits_out = nullptr) {
   const ParamLayout p = make_layout(c);
   const int64_t B = batch.B, T = batch.T, N = B * T, C = c.C, H = c.H, K = c.KVH, D = c.D;
   std::vector<float> h(N * C), x(N * C), r(N * H), qkv(N * c.qkv_rows()), q(N * H * D),
@@ -51,6 +51,7 @@ inline double model_loss(const Config& c, const float* params, const Batch& batc
       *correct += best == batch.targets[n];
     }
   }
+  if (logits_out) *logits_out = logits;
   return crossentropy_forward(r.data(), logits.data(), batch.targets.data(), N, c.V);
 }
 
