@@ -252,16 +252,18 @@ int check(const CheckArgs& a) {
   std::printf("CPU checkpoint loss: %.6f\n", loss);
   std::printf("correct next tokens: %lld/%lld\n", (long long)correct, (long long)batch.T);
   if (!a.save_logits.empty()) {
-    save_safetensors(a.save_logits,
-                     {{"logits", "F32", {T, c.V}, [&](uint8_t* out) {
-                         std::memcpy(out, logits.data(), logits.size() * sizeof(float));
-                       }}},
-                     {{"format", "pt"}});
+    save_safetensors(
+        a.save_logits,
+        {{"logits",
+          "F32",
+          {T, c.V},
+          [&](uint8_t* out) { std::memcpy(out, logits.data(), logits.size() * sizeof(float)); }}},
+        {{"format", "pt"}});
     std::printf("logits: %s\n", a.save_logits.c_str());
   }
   if (!ck.recorded || T != ck.rec.seq_len) {
-    std::printf("no recorded final loss for seq_len %lld in %s: nothing to compare\n",
-                (long long)T, a.path.c_str());
+    std::printf("no recorded final loss for seq_len %lld in %s: nothing to compare\n", (long long)T,
+                a.path.c_str());
     return 0;
   }
   const double tol = 1e-2 + 1e-2 * std::fabs(ck.rec.final_loss);
@@ -308,9 +310,8 @@ int export_model(const ExportArgs& a) {
     export_hf(a.out, c, read, dtype, mf.record ? &*mf.record : nullptr);
   else
     export_pt(a.out, c, read, dtype);
-  std::printf("exported %s (%s, %s parameters) from %s to %s\n", c.name.c_str(),
-              dtype_name(dtype), with_commas(int64_t(layout.total)).c_str(), mf.kind.c_str(),
-              a.out.c_str());
+  std::printf("exported %s (%s, %s parameters) from %s to %s\n", c.name.c_str(), dtype_name(dtype),
+              with_commas(int64_t(layout.total)).c_str(), mf.kind.c_str(), a.out.c_str());
   return 0;
 }
 
@@ -348,7 +349,8 @@ int main(int argc, char** argv) {
   CLI::App* ck = app.add_subcommand("check", "evaluate a model file in fp32 on the fixed batch");
   ck->add_option("checkpoint", ca.path, "a .pt, .safetensors or Hugging Face folder")->required();
   ck->add_option("--threads", ca.threads, "CPU threads (default: all cores)");
-  ck->add_option("--seq-len", ca.seq_len, "tokens to evaluate (default: the recorded seq_len, or 32)");
+  ck->add_option("--seq-len", ca.seq_len,
+                 "tokens to evaluate (default: the recorded seq_len, or 32)");
   ck->add_option("--save-logits", ca.save_logits, "also write the logits [T, V] (.safetensors)");
   ExportArgs ea;
   CLI::App* ex = app.add_subcommand("export", "write a model file for other tools");
@@ -356,7 +358,8 @@ int main(int argc, char** argv) {
   ex->add_option("--format", ea.format, "hf (Hugging Face folder) or pt (state dict)")->required();
   ex->add_option("--out", ea.out, "output folder (hf) or file (pt)")->required();
   ex->add_option("--dtype", ea.dtype, "bfloat16 or float32 (default: the source's)");
-  ex->add_option("--preset", ea.preset, "check the weights against this preset (default: inferred)");
+  ex->add_option("--preset", ea.preset,
+                 "check the weights against this preset (default: inferred)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

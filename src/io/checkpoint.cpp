@@ -217,8 +217,7 @@ std::vector<float> PtReader::tensor(const std::string& name, const Value* v,
     throw Error(where + ": is a " + kind_name(v->kind) + ", not a tensor");
   const TensorRef& t = v->tensor;
   if (t.size != shape)
-    throw Error(where + ": shape " + shape_str(t.size) + ", expected " +
-                shape_str(shape));
+    throw Error(where + ": shape " + shape_str(t.size) + ", expected " + shape_str(shape));
   const size_t es = storage_element_size(t.storage);
   if (t.storage != "FloatStorage" && t.storage != "BFloat16Storage" && t.storage != "HalfStorage" &&
       t.storage != "DoubleStorage")

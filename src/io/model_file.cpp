@@ -110,9 +110,9 @@ const std::string kFused = "attention.qkv_linear.wqkv.weight";
 
 std::string torch_dtype_of_storage(const std::string& s) {
   static const std::map<std::string, std::string> m = {
-      {"FloatStorage", "float32"}, {"BFloat16Storage", "bfloat16"}, {"HalfStorage", "float16"},
-      {"DoubleStorage", "float64"}, {"LongStorage", "int64"},       {"IntStorage", "int32"},
-      {"ShortStorage", "int16"},    {"CharStorage", "int8"},        {"ByteStorage", "uint8"},
+      {"FloatStorage", "float32"},  {"BFloat16Storage", "bfloat16"}, {"HalfStorage", "float16"},
+      {"DoubleStorage", "float64"}, {"LongStorage", "int64"},        {"IntStorage", "int32"},
+      {"ShortStorage", "int16"},    {"CharStorage", "int8"},         {"ByteStorage", "uint8"},
       {"BoolStorage", "bool"}};
   auto it = m.find(s);
   return it == m.end() ? s : it->second;
@@ -151,8 +151,9 @@ void open_pt(ModelFile& mf) {
     }
   }
   if (!sd)
-    throw Error(mf.path + ": holds no state dict (expected a dict of tensors, or one under "
-                          "\"model\")");
+    throw Error(mf.path +
+                ": holds no state dict (expected a dict of tensors, or one under "
+                "\"model\")");
   for (const auto& [k, v] : sd->dict) {
     if (k->kind != Value::Str)
       throw Error(mf.path + ": state dict has a " + std::string(kind_name(k->kind)) + " key");
@@ -185,8 +186,8 @@ void open_pt(ModelFile& mf) {
   }
   if (const Value* f = root.get("format"); f && f->kind == Value::Str && f->s == kCheckpointFormat)
     mf.kind = "tiny-qwen3 checkpoint";
-  if (const Value* d = root.get("dtype"); d && d->kind == Value::Str &&
-                                          (d->s == "float32" || d->s == "bfloat16"))
+  if (const Value* d = root.get("dtype");
+      d && d->kind == Value::Str && (d->s == "float32" || d->s == "bfloat16"))
     mf.dtype = parse_dtype(d->s);
 }
 
@@ -268,7 +269,8 @@ void open_index(ModelFile& mf, const std::string& index_path) {
   std::map<std::string, std::string> want;  // tensor -> shard
   std::set<std::string> shards;
   for (auto& [name, shard] : idx["weight_map"].items()) {
-    if (!shard.is_string()) throw Error(index_path + ": weight_map['" + name + "'] is not a string");
+    if (!shard.is_string())
+      throw Error(index_path + ": weight_map['" + name + "'] is not a string");
     const std::string s = shard.get<std::string>();
     if (s.empty() || s.find('/') != std::string::npos || s == "." || s == "..")
       throw Error(index_path + ": shard name '" + s + "' is not a file name in its folder");
@@ -353,8 +355,7 @@ std::map<std::string, const SourceTensor*> by_key(const ModelFile& mf) {
     if (k->empty()) continue;
     auto [it, fresh] = m.emplace(*k, &t);
     if (!fresh)
-      throw Error(mf.path + ": '" + it->second->name + "' and '" + t.name + "' are the same " +
-                  *k);
+      throw Error(mf.path + ": '" + it->second->name + "' and '" + t.name + "' are the same " + *k);
   }
   return m;
 }
@@ -365,8 +366,8 @@ const SourceTensor* get(const std::map<std::string, const SourceTensor*>& m, con
 }
 
 std::string dims(const Config& c) {
-  return "V=" + std::to_string(c.V) + ", C=" + std::to_string(c.C) + ", L=" +
-         std::to_string(c.L) + ", H=" + std::to_string(c.H) + ", KVH=" + std::to_string(c.KVH) +
+  return "V=" + std::to_string(c.V) + ", C=" + std::to_string(c.C) + ", L=" + std::to_string(c.L) +
+         ", H=" + std::to_string(c.H) + ", KVH=" + std::to_string(c.KVH) +
          ", D=" + std::to_string(c.D) + ", F=" + std::to_string(c.F);
 }
 
@@ -410,8 +411,8 @@ void check_hf_config(const ModelFile& mf, const Config& c) {
     if (!j[k].is_number()) throw Error(p + ": " + k + " is not a number");
     const double v = j[k].get<double>();
     if (std::fabs(v - want) > 1e-6 * std::fabs(want))
-      throw Error(p + ": " + k + " is " + j[k].dump() + " but the weights are " + c.name +
-                  "'s (" + json(want).dump() + ")");
+      throw Error(p + ": " + k + " is " + j[k].dump() + " but the weights are " + c.name + "'s (" +
+                  json(want).dump() + ")");
   };
   num_field("vocab_size", double(c.V));
   num_field("hidden_size", double(c.C));
@@ -458,8 +459,8 @@ const Config& resolve_preset(const ModelFile& mf, const std::string& want) {
         cfg = &p;
     if (!cfg) throw Error(mf.path + ": no preset has the file's dimensions (" + dims(d) + ")");
     if (!mf.preset.empty() && mf.preset != cfg->name)
-      throw Error(mf.path + ": records preset '" + mf.preset + "' but its shapes are " +
-                  cfg->name + "'s");
+      throw Error(mf.path + ": records preset '" + mf.preset + "' but its shapes are " + cfg->name +
+                  "'s");
   }
   check_model_file(mf, *cfg);
   return *cfg;
@@ -514,8 +515,8 @@ void load_params(const ModelFile& mf, const Config& c, const ParamSink& sink) {
     if (e.tied_copy) {
       if (!t || t->storage == get(m, "tok_embeddings.weight")->storage) continue;
       if (t->read() != emb)
-        throw Error(mf.path + ": lm_head.weight differs from tok_embeddings.weight, but " +
-                    c.name + " ties them");
+        throw Error(mf.path + ": lm_head.weight differs from tok_embeddings.weight, but " + c.name +
+                    " ties them");
       continue;
     }
     if (!t) {  // the fused qkv, whose rows are the arena's own layout

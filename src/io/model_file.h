@@ -26,9 +26,9 @@ struct SourceTensor {
 struct ModelFile {
   std::string path, kind;  // kind: "tiny-qwen3 checkpoint", "PyTorch state dict", "safetensors"
   std::vector<SourceTensor> tensors;
-  std::string preset;                  // the recorded preset name, or ""
-  std::optional<TrainRecord> record;   // when the file records a training run
-  std::optional<DType> dtype;          // recorded, or the tensors' when all f32 or all bf16
+  std::string preset;                       // the recorded preset name, or ""
+  std::optional<TrainRecord> record;        // when the file records a training run
+  std::optional<DType> dtype;               // recorded, or the tensors' when all f32 or all bf16
   std::optional<nlohmann::json> hf_config;  // config.json beside a safetensors file
   std::string hf_config_path;
   std::vector<std::shared_ptr<const void>> keep;  // the mapped files the readers point into

@@ -13,9 +13,9 @@ using nlohmann::json;
 
 size_t st_dtype_size(const std::string& d) {
   static const std::map<std::string, size_t> sizes = {
-      {"BOOL", 1}, {"U8", 1},      {"I8", 1},      {"F8_E5M2", 1}, {"F8_E4M3", 1},
-      {"I16", 2},  {"U16", 2},     {"F16", 2},     {"BF16", 2},    {"I32", 4},
-      {"U32", 4},  {"F32", 4},     {"I64", 8},     {"U64", 8},     {"F64", 8}};
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"I64", 8}, {"U64", 8},     {"F64", 8}};
   auto it = sizes.find(d);
   return it == sizes.end() ? 0 : it->second;
 }
@@ -70,8 +70,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
   const std::string where = path + ": ";
   const uint8_t* d = file_.data();
   const uint64_t size = file_.size();
-  if (size < 8) throw Error(where + "too short for a safetensors file (" + std::to_string(size) +
-                            " bytes)");
+  if (size < 8)
+    throw Error(where + "too short for a safetensors file (" + std::to_string(size) + " bytes)");
   const uint64_t n = read_u64(d);
   if (n > kMaxHeader)
     throw Error(where + "safetensors header length " + std::to_string(n) + " exceeds the limit " +
@@ -108,7 +108,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     if (name == "__metadata__") {
       if (!info.is_object()) throw Error(where + "__metadata__ is not an object");
       for (auto& [k, v] : info.items()) {
-        if (!v.is_string()) throw Error(where + "__metadata__ value of '" + k + "' is not a string");
+        if (!v.is_string())
+          throw Error(where + "__metadata__ value of '" + k + "' is not a string");
         metadata_[k] = v.get<std::string>();
       }
       continue;
@@ -117,8 +118,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     for (auto& [k, v] : info.items())
       if (k != "dtype" && k != "shape" && k != "data_offsets")
         throw Error(at + "unknown field '" + k + "'");
-    if (!info.contains("dtype") || !info["dtype"].is_string())
-      throw Error(at + "no dtype string");
+    if (!info.contains("dtype") || !info["dtype"].is_string()) throw Error(at + "no dtype string");
     if (!info.contains("shape") || !info["shape"].is_array()) throw Error(at + "no shape list");
     if (!info.contains("data_offsets") || !info["data_offsets"].is_array() ||
         info["data_offsets"].size() != 2)
@@ -156,8 +156,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     cursor = t.end;
   }
   if (cursor != buf_size)
-    throw Error(where + "tensors cover " + std::to_string(cursor) + " bytes but the data buffer has " +
-                std::to_string(buf_size) + (cursor > buf_size ? " (truncated?)" : " (trailing bytes)"));
+    throw Error(where + "tensors cover " + std::to_string(cursor) +
+                " bytes but the data buffer has " + std::to_string(buf_size) +
+                (cursor > buf_size ? " (truncated?)" : " (trailing bytes)"));
   for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
 }
 
