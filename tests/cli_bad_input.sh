@@ -56,6 +56,37 @@ expect_error "legacy checkpoint" check "$dir/legacy.bin"
 "$bin" train --steps 1 --dtype float32 --output "$dir/real.ckpt" >/dev/null 2>&1 || { echo "FAIL: could not train"; exit 1; }
 head -c 1000000 "$dir/real.ckpt" >"$dir/trunc.bin"
 expect_error "truncated checkpoint" check "$dir/trunc.bin"
+expect_error "check with seq-len 0" check "$dir/real.ckpt" --seq-len 0
+# imports and exports
+"$bin" export "$dir/real.ckpt" --format hf --out "$dir/hf" >/dev/null || { echo "FAIL: export"; exit 1; }
+expect_error "init-from a missing file" train --init-from "$dir/none.safetensors" $out
+expect_error "init-from a non-model file" train --init-from "$dir/text.bin" $out
+expect_error "init-from a truncated checkpoint" train --init-from "$dir/trunc.bin" $out
+expect_error "init-from with another preset" train --init-from "$dir/hf" --preset 0.6B $out
+expect_error "init-from a folder without weights" train --init-from "$dir" $out
+cp -r "$dir/hf" "$dir/hf4"
+sed -i 's/"num_hidden_layers": 8/"num_hidden_layers": 4/' "$dir/hf4/config.json"
+expect_error "config.json that disagrees with the weights" check "$dir/hf4"
+expect_error "export format unknown" export "$dir/real.ckpt" --format onnx --out "$dir/x.onnx"
+expect_error "export to an unwritable folder" export "$dir/real.ckpt" --format pt --out /nonexistent/x.pt
+expect_error "export hf over a file" export "$dir/real.ckpt" --format hf --out "$dir/text.bin"
+# hostile safetensors: u64 header length, JSON header, data
+st() {  # st FILE HEADER DATA_BYTES
+  local n=${#2}
+  printf "$(printf '\\x%02x\\x%02x\\x%02x\\x00\\x00\\x00\\x00\\x00' $((n & 255)) $((n >> 8 & 255)) $((n >> 16 & 255)))" >"$1"
+  printf '%s' "$2" >>"$1"
+  head -c "$3" /dev/zero >>"$1"
+}
+printf '\xff\xff\xff\x00\x00\x00\x00\x00{}' >"$dir/short.safetensors"
+expect_error "safetensors header past the end" check "$dir/short.safetensors"
+st "$dir/overlap.safetensors" '{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}' 16
+expect_error "overlapping safetensors tensors" check "$dir/overlap.safetensors"
+st "$dir/huge.safetensors" '{"model.embed_tokens.weight":{"dtype":"F32","shape":[1099511627776,4],"data_offsets":[0,16]}}' 16
+expect_error "safetensors shape beyond memory" train --init-from "$dir/huge.safetensors" $out
+st "$dir/offsets.safetensors" '{"model.embed_tokens.weight":{"dtype":"F32","shape":[2],"data_offsets":[0,999999]}}' 8
+expect_error "safetensors offsets past the end" check "$dir/offsets.safetensors"
+st "$dir/dtype.safetensors" '{"model.norm.weight":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}}' 8
+expect_error "safetensors unknown dtype" check "$dir/dtype.safetensors"
 # training that fails: exit 1, a FAILED line, the checkpoint kept under a name that says so
 expect_failed_run() {  # what args...
   local what=$1

@@ -230,7 +230,8 @@ int train(TrainArgs a) {
 struct CheckArgs {
   std::string path, save_logits;
   int threads = 0;
-  int64_t seq_len = 0;  // 0: the recorded one, else 32
+  int64_t seq_len = 0;  // when not given: the recorded one, else 32
+  bool seq_len_given = false;
 };
 
 int check(const CheckArgs& a) {
@@ -238,7 +239,7 @@ int check(const CheckArgs& a) {
   if (!a.save_logits.empty()) check_output_file(a.save_logits);
   const Checkpoint ck = load_checkpoint(a.path);
   const Config& c = preset(ck.preset);
-  const int64_t T = a.seq_len ? a.seq_len : ck.rec.seq_len ? ck.rec.seq_len : 32;
+  const int64_t T = a.seq_len_given ? a.seq_len : ck.rec.seq_len ? ck.rec.seq_len : 32;
   if (T < 1 || T > c.max_ctx)
     throw Error("--seq-len must be in 1.." + std::to_string(c.max_ctx) + " for " + c.name +
                 ", got " + std::to_string(T));
@@ -374,6 +375,7 @@ int main(int argc, char** argv) {
       return train(a);
     }
     if (ex->parsed()) return export_model(ea);
+    ca.seq_len_given = ck->get_option("--seq-len")->count() > 0;
     return check(ca);
   } catch (const Error& e) {
     std::fflush(stdout);

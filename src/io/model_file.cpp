@@ -314,7 +314,7 @@ ModelFile open_model_file(const std::string& path) {
     const size_t n = f.size();
     if (n >= 4 && std::memcmp(d, "PK\x03\x04", 4) == 0) {
       open_pt(mf);
-    } else if (looks_like_safetensors(d, n)) {
+    } else if (looks_like_safetensors(d, n) || ends_with(path, ".safetensors")) {
       mf.kind = "safetensors";
       add_safetensors(mf, path);
       config_dir = dir_of(path);
@@ -412,7 +412,8 @@ void check_hf_config(const ModelFile& mf, const Config& c) {
     const double v = j[k].get<double>();
     if (std::fabs(v - want) > 1e-6 * std::fabs(want))
       throw Error(p + ": " + k + " is " + j[k].dump() + " but the weights are " + c.name + "'s (" +
-                  json(want).dump() + ")");
+                  (want == std::floor(want) ? std::to_string(int64_t(want)) : json(want).dump()) +
+                  ")");
   };
   num_field("vocab_size", double(c.V));
   num_field("hidden_size", double(c.C));
