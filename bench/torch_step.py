@@ -1,4 +1,4 @@
-"""Median step time of the plain PyTorch eager implementation (tests/torch/qwen3_ref.py):
+"""Median step time of the plain PyTorch eager implementation (python/train_tiny_qwen3.py):
 forward, explicit log-softmax loss, backward, SGD. usage: torch_step.py DTYPE THREADS STEPS [B T]"""
 import os
 import statistics
@@ -7,14 +7,14 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "torch"))
-import qwen3_ref as Q  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import train_tiny_qwen3 as Q  # noqa: E402
 
 dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[sys.argv[1]]
 torch.set_num_threads(int(sys.argv[2]))
 steps = int(sys.argv[3])
 B, T = (int(sys.argv[4]), int(sys.argv[5])) if len(sys.argv) > 5 else (1, 32)
-model = Q.Qwen3("debugmodel", seed=0, dtype=dtype)
+model = Q.build_model("debugmodel", seed=0, dtype=dtype)
 tokens, labels = Q.make_batch(T, model.V)
 times = []
 for step in range(steps + 2):  # 2 warm-up steps

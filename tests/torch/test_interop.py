@@ -10,6 +10,7 @@ import filecmp
 import importlib.util
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -188,6 +189,7 @@ for dtype, st_dtype in (("float32", "F32"), ("bfloat16", "BF16")):
     check(f"check on the {dtype} Hugging Face folder PASSes against the recorded loss", "PASS" in p.stdout,
           p.stdout.strip().splitlines()[1] if p.stdout else p.stderr)
 
+shutil.rmtree(TMP)
 passed, failed = results.count(True), results.count(False)
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

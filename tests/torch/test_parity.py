@@ -1,4 +1,4 @@
-"""tiny-qwen3 against an independent PyTorch implementation (qwen3_ref.py) and the walkthrough.
+"""tiny-qwen3 against an independent PyTorch implementation (python/train_tiny_qwen3.py) and the walkthrough.
 
 usage: /usr/bin/python3 test_parity.py path/to/tiny-qwen3
 Exits 77 (skipped) when torch is not importable. Tolerances are the issue's:
@@ -16,8 +16,8 @@ except ImportError:
     print("SKIP: torch is not importable by", sys.executable, "(apt-get install python3-torch)")
     sys.exit(77)
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import qwen3_ref as Q  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+import train_tiny_qwen3 as Q  # noqa: E402
 
 BIN = os.path.abspath(sys.argv[1])
 TMP = tempfile.mkdtemp(prefix="tq_parity_")
@@ -47,7 +47,7 @@ def rel_l2(a, b):
 
 def reload_loss(ck):
     """The walkthrough's step-4 check, with our own PyTorch model."""
-    m = Q.Qwen3(ck["config"]["preset"], seed=1)  # other seed: every weight must come from ck
+    m = Q.build_model(ck["config"]["preset"], seed=1)  # other seed: every weight must come from ck
     m.load_titan(ck["model"])
     tokens, labels = Q.make_batch(ck["config"]["seq_len"], m.V)
     with torch.inference_mode():
@@ -63,7 +63,7 @@ check("float32 run succeeds", p.returncode == 0)
 ours = load(dump)
 ck = load(ck32)
 
-ref = Q.Qwen3("debugmodel", seed=0)
+ref = Q.build_model("debugmodel", seed=0)
 init = ref.titan_state_dict()
 worst = max((ours["params"][k] - v).abs().max().item() for k, v in init.items())
 check("initialization matches torch.manual_seed(0) + TorchTitan init", worst < 1e-7, f"max abs {worst:.2e}")
@@ -124,7 +124,7 @@ check("checkpoint records its settings",
 dump16 = os.path.join(TMP, "step1_bf16.pt")
 p = run("train", "--steps", "1", "--output", os.path.join(TMP, "b1.pt"), "--dump-first-step", dump16)
 ours = load(dump16)
-m16 = Q.Qwen3("debugmodel", seed=0, dtype=torch.bfloat16)
+m16 = Q.build_model("debugmodel", seed=0, dtype=torch.bfloat16)
 # fp32 init values agree to ~5e-8, so a value next to a bf16 rounding boundary may land one
 # bf16 ulp away (or, for values under ~1e-6, 1e-7 away); all others are bit-identical.
 init16 = m16.titan_state_dict()
@@ -146,7 +146,7 @@ check("bf16 first-step gradients match PyTorch bf16 within 5e-2 rel L2", errs[k_
 
 # ---------------------------------------------------------------- our reader on torch.save output
 for dtype in (torch.float32, torch.bfloat16):
-    m = Q.Qwen3("debugmodel", seed=3, dtype=dtype)
+    m = Q.build_model("debugmodel", seed=3, dtype=dtype)
     tokens, labels = Q.make_batch(32, m.V)
     with torch.no_grad():
         loss = torch.nn.functional.cross_entropy(m(tokens).float(), labels).item()

@@ -3,7 +3,7 @@ import sys
 
 import torch
 
-import qwen3_ref as Q
+import train_tiny_qwen3 as Q
 
 results = []
 
@@ -23,7 +23,7 @@ for path, dtype, tol in [(sys.argv[1], torch.bfloat16, 1e-2), (sys.argv[2], torc
           sd["lm_head.weight"].data_ptr() == sd["tok_embeddings.weight"].data_ptr())
     check(f"{path}: floats are Python floats", isinstance(ck["final_loss"], float)
           and all(isinstance(x, float) for x in ck["losses"]))
-    m = Q.Qwen3(ck["config"]["preset"], seed=1)
+    m = Q.build_model(ck["config"]["preset"], seed=1)
     m.load_titan(sd)
     tokens, labels = Q.make_batch(ck["config"]["seq_len"], m.V)
     with torch.inference_mode():
