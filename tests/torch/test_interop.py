@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 
@@ -24,6 +23,7 @@ except ImportError:
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "python")]
+import harness as H  # noqa: E402
 import hf_qwen3 as HF  # noqa: E402
 import train_tiny_qwen3 as M  # noqa: E402
 
@@ -31,19 +31,10 @@ BIN = os.path.abspath(sys.argv[1])
 TMP = tempfile.mkdtemp(prefix="tq_interop_")
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 torch.set_num_threads(2)
-results = []
-
-
-def check(name, ok, detail=""):
-    results.append(bool(ok))
-    print(("ok: " if ok else "FAIL: ") + name + (f" ({detail})" if detail else ""), flush=True)
 
 
 def run(*args, expect_rc=0):
-    p = subprocess.run([BIN, *args], capture_output=True, text=True)
-    if p.returncode != expect_rc:
-        print(p.stdout, p.stderr)
-    return p
+    return H.run(BIN, *args, expect_rc=expect_rc)
 
 
 def load(path):  # torch 1.13 cannot load Python floats with weights_only=True
@@ -131,12 +122,12 @@ for what, file in variants.items():
     ok = p.returncode == 0
     ours = load(out)["losses"] if ok else [float("nan")] * 2
     d1, d2 = abs(ours[0] - torch_losses[0]), abs(ours[1] - torch_losses[1])
-    check(f"--init-from {what}: first-step loss matches PyTorch within 1e-5, second within 1e-4",
+    H.check(f"--init-from {what}: first-step loss matches PyTorch within 1e-5, second within 1e-4",
           ok and d1 < 1e-5 and d2 < 1e-4,
           f"{ours[0]:.7f} vs {torch_losses[0]:.7f}, {ours[1]:.7f} vs {torch_losses[1]:.7f}")
 p = run("train", "--init-from", path("titan_split.pt"), "--preset", "0.6B", "--steps", "1", "--output", path("x.pt"),
         expect_rc=2)
-check("--init-from with the wrong --preset names the key and both shapes",
+H.check("--init-from with the wrong --preset names the key and both shapes",
       p.returncode == 2 and "tok_embeddings.weight: shape [2048, 256] but 0.6B needs [151936, 1024]" in p.stderr,
       p.stderr.strip())
 
@@ -146,20 +137,20 @@ for dtype, st_dtype in (("float32", "F32"), ("bfloat16", "BF16")):
     run("train", "--dtype", dtype, "--steps", "5", "--output", ck)
     hf = path(f"hf_{dtype}")
     p = run("export", ck, "--format", "hf", "--out", hf)
-    check(f"export --format hf ({dtype}) succeeds", p.returncode == 0, p.stdout.strip())
+    H.check(f"export --format hf ({dtype}) succeeds", p.returncode == 0, p.stdout.strip())
     config, tensors = HF.load_folder(hf)
     with open(os.path.join(hf, "generation_config.json")) as f:
         gen = json.load(f)
     with open(os.path.join(hf, "model.safetensors"), "rb") as f:
         meta = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))["__metadata__"]
-    check(f"{dtype} export: config.json describes debugmodel, tied, {dtype}",
+    H.check(f"{dtype} export: config.json describes debugmodel, tied, {dtype}",
           config["architectures"] == ["Qwen3ForCausalLM"] and config["model_type"] == "qwen3"
           and config["hidden_size"] == 256 and config["num_hidden_layers"] == 8 and config["head_dim"] == 128
           and config["num_attention_heads"] == 16 and config["num_key_value_heads"] == 8
           and config["intermediate_size"] == 3072 and config["vocab_size"] == 2048
           and config["tie_word_embeddings"] is True and config["rope_theta"] == 1e6
           and config["torch_dtype"] == dtype and "do_sample" in gen)
-    check(f"{dtype} export: {len(tensors)} tensors, no lm_head.weight (tied), all {st_dtype}, metadata format=pt",
+    H.check(f"{dtype} export: {len(tensors)} tensors, no lm_head.weight (tied), all {st_dtype}, metadata format=pt",
           len(tensors) == 90 and "lm_head.weight" not in tensors and meta.get("format") == "pt"
           and all(t.dtype == HF.ST_DTYPES[st_dtype] for t in tensors.values()))
     logits_file = path(f"logits_{dtype}.safetensors")
@@ -167,29 +158,27 @@ for dtype, st_dtype in (("float32", "F32"), ("bfloat16", "BF16")):
     ours = HF.read_safetensors(logits_file)["logits"]
     theirs = HF.forward(config, tensors, M.make_batch(32, 2048)[0])
     diff = (ours - theirs).abs().max().item()
-    check(f"{dtype} export: Hugging Face-convention forward matches our logits within 1e-4",
+    H.check(f"{dtype} export: Hugging Face-convention forward matches our logits within 1e-4",
           p.returncode == 0 and ours.shape == (32, 2048) and diff < 1e-4, f"max abs diff {diff:.2e}")
 
     # --format pt: a plain state dict, equal to the checkpoint's
     pt = path(f"plain_{dtype}.pt")
     run("export", ck, "--format", "pt", "--out", pt)
     plain, orig = load(pt), load(ck)["model"]
-    check(f"{dtype} export --format pt: TorchTitan's 91 keys, values identical, tied storage shared",
+    H.check(f"{dtype} export --format pt: TorchTitan's 91 keys, values identical, tied storage shared",
           list(plain.keys()) == list(orig.keys())
           and all(torch.equal(plain[k], orig[k]) and plain[k].dtype == orig[k].dtype for k in orig)
           and plain["lm_head.weight"].data_ptr() == plain["tok_embeddings.weight"].data_ptr())
     # export then import: bit-exact, checked on the bytes of the files
     run("export", hf, "--format", "pt", "--out", path("again.pt"))
     run("export", hf, "--format", "hf", "--out", path("hf_again"))
-    check(f"{dtype} round trip hf -> pt and hf -> hf is bit-exact",
+    H.check(f"{dtype} round trip hf -> pt and hf -> hf is bit-exact",
           filecmp.cmp(pt, path("again.pt"), shallow=False)
           and filecmp.cmp(os.path.join(hf, "model.safetensors"), os.path.join(path("hf_again"), "model.safetensors"),
                           shallow=False))
     p = run("check", hf)
-    check(f"check on the {dtype} Hugging Face folder PASSes against the recorded loss", "PASS" in p.stdout,
+    H.check(f"check on the {dtype} Hugging Face folder PASSes against the recorded loss", "PASS" in p.stdout,
           p.stdout.strip().splitlines()[1] if p.stdout else p.stderr)
 
 shutil.rmtree(TMP)
-passed, failed = results.count(True), results.count(False)
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+H.finish()

@@ -6,7 +6,6 @@ fp32 init 1e-7 abs, first-step gradients 1e-4 rel L2, step losses 1e-3, reload 1
 """
 import math
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -16,25 +15,18 @@ except ImportError:
     print("SKIP: torch is not importable by", sys.executable, "(apt-get install python3-torch)")
     sys.exit(77)
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "python")]
+import harness as H  # noqa: E402
 import train_tiny_qwen3 as Q  # noqa: E402
 
 BIN = os.path.abspath(sys.argv[1])
 TMP = tempfile.mkdtemp(prefix="tq_parity_")
 torch.set_num_threads(2)
-results = []
-
-
-def check(name, ok, detail=""):
-    results.append(ok)
-    print(("ok: " if ok else "FAIL: ") + name + (f" ({detail})" if detail else ""), flush=True)
 
 
 def run(*args, expect_rc=0):
-    p = subprocess.run([BIN, *args], capture_output=True, text=True)
-    if p.returncode != expect_rc:
-        print(p.stdout, p.stderr)
-    return p
+    return H.run(BIN, *args, expect_rc=expect_rc)
 
 
 def load(path):  # torch 1.13 cannot load Python floats with weights_only=True (spec §2.9)
@@ -59,15 +51,15 @@ def reload_loss(ck):
 ck32 = os.path.join(TMP, "f32.pt")
 dump = os.path.join(TMP, "step1.pt")
 p = run("train", "--dtype", "float32", "--steps", "20", "--output", ck32, "--dump-first-step", dump)
-check("float32 run succeeds", p.returncode == 0)
+H.check("float32 run succeeds", p.returncode == 0)
 ours = load(dump)
 ck = load(ck32)
 
 ref = Q.build_model("debugmodel", seed=0)
 init = ref.titan_state_dict()
 worst = max((ours["params"][k] - v).abs().max().item() for k, v in init.items())
-check("initialization matches torch.manual_seed(0) + TorchTitan init", worst < 1e-7, f"max abs {worst:.2e}")
-check("state dict has TorchTitan's 91 keys in order", list(ck["model"].keys()) == list(init.keys()))
+H.check("initialization matches torch.manual_seed(0) + TorchTitan init", worst < 1e-7, f"max abs {worst:.2e}")
+H.check("state dict has TorchTitan's 91 keys in order", list(ck["model"].keys()) == list(init.keys()))
 
 tokens, labels = Q.make_batch(32, ref.V)
 torch_losses = []
@@ -78,44 +70,44 @@ for step in range(20):
         grads = ref.titan_grads()
         errs = {k: rel_l2(ours["grads"][k], g) for k, g in grads.items()}
         k_worst = max(errs, key=errs.get)
-        check("first-step gradients of all 91 entries match PyTorch", errs[k_worst] < 1e-4,
+        H.check("first-step gradients of all 91 entries match PyTorch", errs[k_worst] < 1e-4,
               f"worst rel L2 {errs[k_worst]:.2e} at {k_worst}")
-        check("first-step loss matches PyTorch", abs(ours["loss"] - loss.item()) < 1e-5,
+        H.check("first-step loss matches PyTorch", abs(ours["loss"] - loss.item()) < 1e-5,
               f"{ours['loss']:.6f} vs {loss.item():.6f}")
     torch_losses.append(loss.item())
     Q.sgd_step(ref, 0.05)
 diffs = [abs(a - b) for a, b in zip(ck["losses"], torch_losses)]
-check("every float32 step loss matches PyTorch within 1e-3", len(ck["losses"]) == 20 and max(diffs) < 1e-3,
+H.check("every float32 step loss matches PyTorch within 1e-3", len(ck["losses"]) == 20 and max(diffs) < 1e-3,
       f"max diff {max(diffs):.2e}; ours step 20 {ck['losses'][-1]:.6f}, torch {torch_losses[-1]:.6f}")
 with torch.no_grad():
     torch_final = Q.loss_fn(ref(tokens), labels).item()
-check("float32 final loss matches PyTorch", abs(ck["final_loss"] - torch_final) < 1e-3,
+H.check("float32 final loss matches PyTorch", abs(ck["final_loss"] - torch_final) < 1e-3,
       f"{ck['final_loss']:.6f} vs {torch_final:.6f}")
 l, _ = reload_loss(ck)
-check("float32 checkpoint reloads in PyTorch with final_loss within 1e-4", abs(l - ck["final_loss"]) < 1e-4,
+H.check("float32 checkpoint reloads in PyTorch with final_loss within 1e-4", abs(l - ck["final_loss"]) < 1e-4,
       f"{l:.6f} vs {ck['final_loss']:.6f}")
-check("float32 checkpoint tensors are float32, tied storage shared",
+H.check("float32 checkpoint tensors are float32, tied storage shared",
       ck["model"]["wo" and "layers.0.attention.wo.weight"].dtype == torch.float32
       and ck["model"]["lm_head.weight"].data_ptr() == ck["model"]["tok_embeddings.weight"].data_ptr())
 
 # ---------------------------------------------------------------- bf16: the walkthrough
 ck16 = os.path.join(TMP, "bf16.pt")
 p = run("train", "--output", ck16)
-check("default (bf16) run succeeds and says training: ok", p.returncode == 0 and "training: ok" in p.stdout)
-check("output has the walkthrough's lines",
+H.check("default (bf16) run succeeds and says training: ok", p.returncode == 0 and "training: ok" in p.stdout)
+H.check("output has the walkthrough's lines",
       all(s in p.stdout for s in ["device: CPU(", "parameters: 31,987,968", "step 01: loss=", "step 20: loss=",
                                   "final loss: ", "checkpoint: " + ck16]))
 ck = load(ck16)
 L = ck["losses"]
-check("bf16 step 1 within 0.005 of the published 7.735438", abs(L[0] - 7.735438) < 0.005, f"{L[0]:.6f}")
-check("bf16 step 5 within 0.05 of the published 5.682494", abs(L[4] - 5.682494) < 0.05, f"{L[4]:.6f}")
-check("bf16 losses finite, final below 3.0", all(map(math.isfinite, L)) and ck["final_loss"] < 3.0,
+H.check("bf16 step 1 within 0.005 of the published 7.735438", abs(L[0] - 7.735438) < 0.005, f"{L[0]:.6f}")
+H.check("bf16 step 5 within 0.05 of the published 5.682494", abs(L[4] - 5.682494) < 0.05, f"{L[4]:.6f}")
+H.check("bf16 losses finite, final below 3.0", all(map(math.isfinite, L)) and ck["final_loss"] < 3.0,
       f"final {ck['final_loss']:.6f}")
-check("bf16 checkpoint holds bfloat16 tensors", all(v.dtype == torch.bfloat16 for v in ck["model"].values()))
+H.check("bf16 checkpoint holds bfloat16 tensors", all(v.dtype == torch.bfloat16 for v in ck["model"].values()))
 l, correct = reload_loss(ck)
-check("bf16 checkpoint reloads in PyTorch with final_loss within 1e-2", abs(l - ck["final_loss"]) < 1e-2,
+H.check("bf16 checkpoint reloads in PyTorch with final_loss within 1e-2", abs(l - ck["final_loss"]) < 1e-2,
       f"{l:.6f} vs {ck['final_loss']:.6f}, {correct}/32 correct")
-check("checkpoint records its settings",
+H.check("checkpoint records its settings",
       ck["config"] == {"preset": "debugmodel", "seq_len": 32, "seed": 0} and ck["steps"] == 20
       and ck["learning_rate"] == 0.05 and ck["dtype"] == "bfloat16" and ck["initial_loss"] == L[0])
 
@@ -132,16 +124,16 @@ differ = sum((ours["params"][k] != v.float()).sum().item() for k, v in init16.it
 total = sum(v.numel() for v in init16.values())
 ulp_ok = all(((ours["params"][k] - v.float()).abs() <= v.float().abs() * 2 ** -7 + 1e-7).all().item()
              for k, v in init16.items())
-check("bf16 initialization is bf16(fp32 init): bit-identical but for 1-ulp boundary cases",
+H.check("bf16 initialization is bf16(fp32 init): bit-identical but for 1-ulp boundary cases",
       differ <= total * 1e-3 and ulp_ok, f"{differ} of {total} values differ, by at most one bf16 ulp")
 tokens, labels = Q.make_batch(32, m16.V)
 loss = Q.loss_fn(m16(tokens), labels)
 loss.backward()
-check("bf16 first-step loss matches PyTorch bf16 within 2e-3", abs(ours["loss"] - loss.item()) < 2e-3,
+H.check("bf16 first-step loss matches PyTorch bf16 within 2e-3", abs(ours["loss"] - loss.item()) < 2e-3,
       f"{ours['loss']:.6f} vs {loss.item():.6f}")
 errs = {k: rel_l2(ours["grads"][k], g) for k, g in m16.titan_grads().items()}
 k_worst = max(errs, key=errs.get)
-check("bf16 first-step gradients match PyTorch bf16 within 5e-2 rel L2", errs[k_worst] < 5e-2,
+H.check("bf16 first-step gradients match PyTorch bf16 within 5e-2 rel L2", errs[k_worst] < 5e-2,
       f"worst {errs[k_worst]:.2e} at {k_worst}")
 
 # ---------------------------------------------------------------- our reader on torch.save output
@@ -159,13 +151,11 @@ for dtype in (torch.float32, torch.bfloat16):
     path = os.path.join(TMP, f"torchsave_{str(dtype)[6:]}.pt")
     torch.save({"model": sd, "config": {"preset": "debugmodel", "seq_len": 32, "seed": 3}, "final_loss": loss}, path)
     p = run("check", path)
-    check(f"check passes on a torch.save'd {dtype} state dict", p.returncode == 0 and "PASS" in p.stdout,
+    H.check(f"check passes on a torch.save'd {dtype} state dict", p.returncode == 0 and "PASS" in p.stdout,
           p.stdout.strip().splitlines()[1] if p.returncode == 0 else p.stderr.strip())
     # the same file with a wrong final_loss must FAIL with exit 1
     torch.save({"model": sd, "config": {"preset": "debugmodel", "seq_len": 32, "seed": 3}, "final_loss": loss + 1}, path)
     p = run("check", path, expect_rc=1)
-    check(f"check fails (exit 1) when the saved loss is wrong ({dtype})", p.returncode == 1 and "FAIL" in p.stdout)
+    H.check(f"check fails (exit 1) when the saved loss is wrong ({dtype})", p.returncode == 1 and "FAIL" in p.stdout)
 
-passed, failed = results.count(True), results.count(False)
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+H.finish()

@@ -4,13 +4,7 @@ import sys
 import torch
 
 import train_tiny_qwen3 as Q
-
-results = []
-
-
-def check(name, ok, detail=""):
-    results.append(ok)
-    print(("ok: " if ok else "FAIL: ") + name + (f" ({detail})" if detail else ""), flush=True)
+from harness import check, finish
 
 
 check("torch is 2.x", int(torch.__version__.split(".")[0]) >= 2, torch.__version__)
@@ -31,5 +25,4 @@ for path, dtype, tol in [(sys.argv[1], torch.bfloat16, 1e-2), (sys.argv[2], torc
     torch.testing.assert_close(loss, torch.tensor(ck["final_loss"]), rtol=tol, atol=tol)
     check(f"{path}: PyTorch reload matches final_loss within {tol}", True,
           f"{loss.item():.6f} vs {ck['final_loss']:.6f}")
-print(f"{results.count(True)} passed, {results.count(False)} failed")
-sys.exit(0 if all(results) else 1)
+finish()
