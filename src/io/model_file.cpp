@@ -548,7 +548,7 @@ std::string hf_name(const std::string& k) {
 
 Checkpoint load_checkpoint(const std::string& path) {
   const ModelFile mf = open_model_file(path);
-  const Config& c = resolve_preset(mf, mf.preset.empty() ? "" : mf.preset);
+  const Config& c = resolve_preset(mf, mf.preset);
   Checkpoint ck;
   ck.preset = c.name;
   ck.dtype = mf.dtype.value_or(DType::f32);
