@@ -1,41 +1,64 @@
 #!/usr/bin/env bash
-# Walkthrough step time (B=1, T=32, debugmodel, SGD): tiny-qwen3 against plain PyTorch eager
-# (Debian's torch under /usr/bin/python3) measured in the same run, both dtypes, the same
-# thread count. Prints median ms/step and the ratio. usage: bench/cpu_vs_torch.sh [THREADS] [STEPS]
+# tiny-qwen3 against plain PyTorch eager (Debian's torch under /usr/bin/python3, the same model
+# and SGD update in python/train_tiny_qwen3.py) measured in the same run, the same dtype,
+# threads and batch, for W1 = the walkthrough (B=1, T=32) and W2 = (B=8, T=256), debugmodel.
+# One table: median ms/step after warm-up, tokens/s, GFLOP/s (TorchTitan's count, the
+# `speed:` line), % of this machine's measured peak (bench/peak.cpp), the ratio to PyTorch's
+# best configuration ({libblas.so.3, BLIS} x {1, THREADS} threads), and tiny-qwen3's peak
+# RSS against the memory it plans (parameters, gradients, activations, scratch).
+# usage: bench/cpu_vs_torch.sh [THREADS] [STEPS] [WORKLOADS]   e.g. 2 10 "W1 W2"
+# OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, which some machines set to pin OpenBLAS to an older
+# kernel, are unset for both sides, as on a fresh machine; KEEP_OPENBLAS_ENV=1 keeps them.
 set -euo pipefail
+if [ "${KEEP_OPENBLAS_ENV:-0}" != 1 ]; then unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE; fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 threads=${1:-$(nproc)}
-steps=${2:-20}
+steps=${2:-10}
+workloads=${3:-W1 W2}
 bash "$root/tools/deps.sh" --bench
 cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$root/build" -j"$(nproc)" --target tiny-qwen3 >/dev/null
+cmake --build "$root/build" -j"$(nproc)" --target tiny-qwen3 tq_peak >/dev/null
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-# PyTorch's sgemm comes from libblas.so.3 (OpenBLAS here, which oversubscribes the cores with
-# torch's OpenMP threads); BLIS with OpenMP is the other option on Debian 12. Report its best
-# over {libblas.so.3, BLIS} x {1, THREADS} threads.
+declare -A peak
+while read -r kind gf; do peak[$kind]=$gf; done < <(OMP_NUM_THREADS=$threads "$root/build/tq_peak")
+echo "measured peak, $threads threads: fp32 ${peak[fp32]} GFLOP/s, bf16 ${peak[bf16]} GFLOP/s"
+if [ -n "${OPENBLAS_CORETYPE:-}" ]; then
+  echo "note: OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE picks OpenBLAS's sgemm kernel for both sides"
+fi
+# PyTorch takes its sgemm from libblas.so.3 (OpenBLAS here; its threads oversubscribe the cores
+# with torch's OpenMP threads); BLIS with OpenMP is the other option on Debian 12.
 blis=/usr/lib/x86_64-linux-gnu/blis-openmp
-torch_best() {  # dtype -> "ms config"
-  local best="" cfg ms t
-  for t in 1 "$threads"; do
+[ -d "$blis" ] || echo "(libblis4-openmp not installed: PyTorch measured with libblas.so.3 only)"
+torch_best() {  # dtype B T -> "ms config"
+  local best="" cfg ms t ts=(1)
+  [ "$threads" != 1 ] && ts+=("$threads")
+  for t in "${ts[@]}"; do
     for cfg in default blis; do
       [ "$cfg" = blis ] && [ ! -d "$blis" ] && continue
-      if [ "$cfg" = blis ]; then
-        ms=$(LD_LIBRARY_PATH=$blis OMP_NUM_THREADS=$t /usr/bin/python3 "$root/bench/torch_step.py" "$1" "$t" "$steps")
-      else
-        ms=$(OMP_NUM_THREADS=$t /usr/bin/python3 "$root/bench/torch_step.py" "$1" "$t" "$steps")
-      fi
+      local lib=()
+      [ "$cfg" = blis ] && lib=(env LD_LIBRARY_PATH=$blis)
+      ms=$(OMP_NUM_THREADS=$t "${lib[@]}" /usr/bin/python3 "$root/bench/torch_step.py" "$1" "$t" "$steps" "$2" "$3")
       if [ -z "$best" ] || (($(echo "$ms < ${best%% *}" | bc -l))); then best="$ms $cfg/${t}t"; fi
     done
   done
   echo "$best"
 }
-[ -d "$blis" ] || echo "(libblis4-openmp not installed: PyTorch measured with libblas.so.3 only)"
-printf "%-10s %8s %14s %14s %-14s %8s\n" dtype threads "tiny-qwen3 ms" "pytorch ms" "(torch config)" ratio
-for dtype in float32 bfloat16; do
-  ours=$("$root/build/tiny-qwen3" train --dtype "$dtype" --threads "$threads" --steps "$steps" \
-    --output "$out/x.pt" | sed -n 's/^speed: median step \([0-9.]*\) ms.*/\1/p')
-  read -r theirs cfg <<<"$(torch_best "$dtype")"
-  printf "%-10s %8s %14s %14s %-14s %7.2fx\n" "$dtype" "$threads" "$ours" "$theirs" "$cfg" \
-    "$(echo "$theirs / $ours" | bc -l)"
+printf "%-4s %-9s %9s %9s %8s %6s %11s %-11s %7s %14s\n" work dtype "ms/step" "tokens/s" "GFLOP/s" \
+  "%peak" "pytorch ms" "(config)" ratio "RSS/plan MiB"
+for w in $workloads; do
+  case $w in W1) B=1 T=32 ;; W2) B=8 T=256 ;; *) echo "unknown workload $w" >&2; exit 2 ;; esac
+  for dtype in float32 bfloat16; do
+    /usr/bin/time -v -o "$out/time" "$root/build/tiny-qwen3" train --dtype "$dtype" \
+      --threads "$threads" --steps "$((steps + 2))" --batch-size $B --seq-len $T \
+      --output "$out/x.pt" >"$out/log" || true  # a too-short run "fails" to learn: still timed
+    read -r ms tps gf <<<"$(sed -n 's/^speed: median step \([0-9.]*\) ms, \([0-9]*\) tokens\/s, \([0-9.]*\) GFLOP.*/\1 \2 \3/p' "$out/log")"
+    plan=$(sed -n 's/^memory: \([0-9.]*\) MiB planned.*/\1/p' "$out/log")
+    rss=$(awk -F': ' '/Maximum resident/{printf "%.0f", $2 / 1024}' "$out/time")
+    read -r theirs cfg <<<"$(torch_best "$dtype" $B $T)"
+    k=fp32
+    [ "$dtype" = bfloat16 ] && k=bf16
+    printf "%-4s %-9s %9s %9s %8s %5.1f%% %11s %-11s %6.2fx %14s\n" "$w" "$dtype" "$ms" "$tps" "$gf" \
+      "$(echo "100 * $gf / ${peak[$k]}" | bc -l)" "$theirs" "$cfg" "$(echo "$theirs / $ms" | bc -l)" "$rss/$plan"
+  done
 done

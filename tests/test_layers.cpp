@@ -148,7 +148,8 @@ TEST_P(Attention, MatchesReferenceAndFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
                          ::testing::Values(AttnShape{1, 1, 1, 1, 2}, AttnShape{2, 5, 4, 2, 8},
                                            AttnShape{3, 7, 6, 3, 4}, AttnShape{2, 9, 4, 4, 6},
-                                           AttnShape{1, 6, 8, 1, 2}, AttnShape{1, 33, 4, 2, 16}));
+                                           AttnShape{1, 6, 8, 1, 2}, AttnShape{1, 33, 4, 2, 16},
+                                           AttnShape{2, 70, 2, 1, 4}, AttnShape{1, 130, 4, 2, 8}));
 
 class Rope : public ::testing::TestWithParam<std::tuple<int, int, int, int>> {};
 TEST_P(Rope, MatchesReferenceAndFiniteDifferences) {

@@ -6,7 +6,7 @@ set -euo pipefail
 pkgs=(g++ cmake make libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev zlib1g-dev)
 case "${1:-}" in
   --test) pkgs+=(libgtest-dev python3-torch) ;;
-  --bench) pkgs+=(libgtest-dev python3-torch bc libblis4-openmp) ;;
+  --bench) pkgs+=(libgtest-dev python3-torch bc time libblis4-openmp) ;;
 esac
 missing=()
 for p in "${pkgs[@]}"; do

@@ -151,6 +151,13 @@ int train(TrainArgs a) {
   std::printf("device: CPU(threads=%d, %s)\n", nthreads, cpu_isa().c_str());
   const ParamLayout layout = make_layout(c);
   std::printf("parameters: %s\n", with_commas(int64_t(layout.total)).c_str());
+  const MemoryPlan plan = memory_plan(c, dtype, a.batch_size, a.seq_len);
+  const double mib = 1.0 / (1 << 20);
+  std::printf(
+      "memory: %.1f MiB planned (parameters %.1f, gradients %.1f, activations %.1f, "
+      "scratch %.1f)\n",
+      plan.total() * mib, plan.params * mib, plan.grads * mib, plan.activations * mib,
+      plan.scratch * mib);
   std::fflush(stdout);
 
   Qwen3 model(c, dtype, a.batch_size, a.seq_len, cpu_ops());

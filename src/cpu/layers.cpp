@@ -146,77 +146,102 @@ static inline float dot(const float* a, const float* b, int64_t D) {
   return s;
 }
 
+// Causal attention by blocks of kQB query rows, with S = Q Kᵀ, O = P V and every backward
+// product as a single-threaded sgemm over just the keys the block can see: key blocks the
+// mask hides entirely are never computed (about half of a dense T x T product).
+constexpr int64_t kQB = 64;
+
+// One query block's probabilities P = softmax(scale Q Kᵀ) (rows i0.., keys 0..e-1) into s,
+// zero where masked; lse_new (forward) receives each row's log-sum-exp, lse_old (backward)
+// is the saved one that P is rebuilt from.
+static void block_probs(float* s, const float* qp, const float* kp, int64_t i0, int64_t m,
+                        int64_t e, int64_t ldq, int64_t ldk, int64_t D, float* lse_new,
+                        const float* lse_old) {
+  const float scale = 1.0f / std::sqrt(float(D));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(e), int(D), scale, qp, int(ldq),
+              kp, int(ldk), 0.0f, s, int(e));
+  for (int64_t r = 0; r < m; ++r) {
+    float* row = s + r * e;
+    const int64_t n = i0 + r + 1;  // keys 0..i visible
+    if (lse_old) {
+      const float l = lse_old[r];
+      for (int64_t j = 0; j < n; ++j) row[j] = std::exp(row[j] - l);
+    } else {
+      float mx = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
+      for (int64_t j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - mx));
+      const float inv = 1.0f / sum;
+      for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+      lse_new[r] = mx + std::log(sum);
+    }
+    std::fill(row + n, row + e, 0.0f);
+  }
+}
+
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
-  const int64_t G = H / KVH;
-  const float scale = 1.0f / std::sqrt(float(D));
+  const int64_t G = H / KVH, nqb = (T + kQB - 1) / kQB;
 #pragma omp parallel
   {
-    std::vector<float> p(T);
-#pragma omp for collapse(2) schedule(dynamic)
+    std::vector<float> s(kQB * T);
+#pragma omp for collapse(3) schedule(dynamic)
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h) {
-        const float* kb = k + (b * T * KVH + h / G) * D;  // row j at kb + j*KVH*D
-        const float* vb = v + (b * T * KVH + h / G) * D;
-        for (int64_t i = 0; i < T; ++i) {
-          const float* qi = q + ((b * T + i) * H + h) * D;
-          float mx = -INFINITY;
-          for (int64_t j = 0; j <= i; ++j) {
-            p[j] = dot(qi, kb + j * KVH * D, D) * scale;
-            mx = std::max(mx, p[j]);
-          }
-          float sum = 0;
-          for (int64_t j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
-          const float inv = 1.0f / sum;
-          float* o = out + ((b * T + i) * H + h) * D;
-          std::fill(o, o + D, 0.0f);
-          for (int64_t j = 0; j <= i; ++j) {
-            const float pj = p[j] * inv;
-            const float* vj = vb + j * KVH * D;
-#pragma omp simd
-            for (int64_t e = 0; e < D; ++e) o[e] += pj * vj[e];
-          }
-          lse[(b * H + h) * T + i] = mx + std::log(sum);
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t qb = 0; qb < nqb; ++qb) {
+          const int64_t i0 = qb * kQB, m = std::min(kQB, T - i0), e = i0 + m;
+          const float* kp = k + (b * T * KVH + h / G) * D;  // key row j at kp + j*KVH*D
+          const float* vp = v + (b * T * KVH + h / G) * D;
+          const int64_t row0 = ((b * T + i0) * H + h) * D;  // query row i0 + r at + r*H*D
+          block_probs(s.data(), q + row0, kp, i0, m, e, H * D, KVH * D, D,
+                      lse + (b * H + h) * T + i0, nullptr);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(D), int(e), 1.0f,
+                      s.data(), int(e), vp, int(KVH * D), 0.0f, out + row0, int(H * D));
         }
-      }
   }
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
                         int64_t T, int64_t H, int64_t KVH, int64_t D) {
-  const int64_t G = H / KVH;
+  const int64_t G = H / KVH, nqb = (T + kQB - 1) / kQB;
   const float scale = 1.0f / std::sqrt(float(D));
   // One task per (sequence, kv head): it owns that head's dk/dv rows, so no races.
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t g = 0; g < KVH; ++g) {
-      for (int64_t j = 0; j < T; ++j) {
-        std::fill_n(dk + ((b * T + j) * KVH + g) * D, D, 0.0f);
-        std::fill_n(dv + ((b * T + j) * KVH + g) * D, D, 0.0f);
-      }
-      for (int64_t h = g * G; h < (g + 1) * G; ++h)
-        for (int64_t i = 0; i < T; ++i) {
-          const int64_t qi = ((b * T + i) * H + h) * D;
-          const float di = dot(dout + qi, out + qi, D);
-          const float l = lse[(b * H + h) * T + i];
-          float* dqi = dq + qi;
-          std::fill(dqi, dqi + D, 0.0f);
-          for (int64_t j = 0; j <= i; ++j) {
-            const int64_t kj = ((b * T + j) * KVH + g) * D;
-            const float p = std::exp(dot(q + qi, k + kj, D) * scale - l);
-            const float ds = p * (dot(dout + qi, v + kj, D) - di) * scale;
-            float *dkj = dk + kj, *dvj = dv + kj;
-            const float *kr = k + kj, *qr = q + qi, *go = dout + qi;
-#pragma omp simd
-            for (int64_t e = 0; e < D; ++e) {
-              dqi[e] += ds * kr[e];
-              dkj[e] += ds * qr[e];
-              dvj[e] += p * go[e];
-            }
-          }
+#pragma omp parallel
+  {
+    std::vector<float> p(kQB * T), ds(kQB * T);
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t g = 0; g < KVH; ++g) {
+        const int64_t kv0 = (b * T * KVH + g) * D, ldk = KVH * D, ldq = H * D;
+        for (int64_t j = 0; j < T; ++j) {
+          std::fill_n(dk + kv0 + j * ldk, D, 0.0f);
+          std::fill_n(dv + kv0 + j * ldk, D, 0.0f);
         }
-    }
+        for (int64_t h = g * G; h < (g + 1) * G; ++h)
+          for (int64_t qb = 0; qb < nqb; ++qb) {
+            const int64_t i0 = qb * kQB, m = std::min(kQB, T - i0), e = i0 + m;
+            const int64_t row0 = ((b * T + i0) * H + h) * D;
+            block_probs(p.data(), q + row0, k + kv0, i0, m, e, ldq, ldk, D, nullptr,
+                        lse + (b * H + h) * T + i0);
+            // dV += Pᵀ dO;  dP = dO Vᵀ
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(e), int(D), int(m), 1.0f,
+                        p.data(), int(e), dout + row0, int(ldq), 1.0f, dv + kv0, int(ldk));
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(e), int(D), 1.0f,
+                        dout + row0, int(ldq), v + kv0, int(ldk), 0.0f, ds.data(), int(e));
+            // dS = P (dP - rowsum(dO O)) scale; masked entries have P = 0
+            for (int64_t r = 0; r < m; ++r) {
+              const float d = dot(dout + row0 + r * ldq, out + row0 + r * ldq, D);
+              float *dsr = ds.data() + r * e, *pr = p.data() + r * e;
+              for (int64_t j = 0; j < e; ++j) dsr[j] = pr[j] * (dsr[j] - d) * scale;
+            }
+            // dQ = dS K;  dK += dSᵀ Q
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(D), int(e), 1.0f,
+                        ds.data(), int(e), k + kv0, int(ldk), 0.0f, dq + row0, int(ldq));
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(e), int(D), int(m), 1.0f,
+                        ds.data(), int(e), q + row0, int(ldq), 1.0f, dk + kv0, int(ldk));
+          }
+      }
+  }
 }
 
 void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F) {
