@@ -1,8 +1,20 @@
-"""What the PyTorch-side test scripts share: named checks, running the CLI, the summary."""
+"""What the PyTorch-side test scripts share: torch or a skip, named checks, running the CLI,
+the summary. Importing it puts the repository's python/ (train_tiny_qwen3) on sys.path."""
+import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 results = []
+
+
+def torch_or_skip():
+    try:
+        import torch
+    except ImportError:
+        print("SKIP: torch is not importable by", sys.executable, "(apt-get install python3-torch)")
+        sys.exit(77)
+    return torch
 
 
 def check(name, ok, detail=""):

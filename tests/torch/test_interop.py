@@ -15,15 +15,9 @@ import struct
 import sys
 import tempfile
 
-try:
-    import torch
-except ImportError:
-    print("SKIP: torch is not importable by", sys.executable, "(apt-get install python3-torch)")
-    sys.exit(77)
+import harness as H  # the script's own folder is on sys.path; harness adds python/
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "python")]
-import harness as H  # noqa: E402
+torch = H.torch_or_skip()
 import hf_qwen3 as HF  # noqa: E402
 import train_tiny_qwen3 as M  # noqa: E402
 

@@ -9,15 +9,9 @@ import os
 import sys
 import tempfile
 
-try:
-    import torch
-except ImportError:
-    print("SKIP: torch is not importable by", sys.executable, "(apt-get install python3-torch)")
-    sys.exit(77)
+import harness as H  # the script's own folder is on sys.path; harness adds python/
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "python")]
-import harness as H  # noqa: E402
+torch = H.torch_or_skip()
 import train_tiny_qwen3 as Q  # noqa: E402
 
 BIN = os.path.abspath(sys.argv[1])
