@@ -448,12 +448,11 @@ void check_hf_config(const ModelFile& mf, const Config& c) {
 }  // namespace
 
 const Config& resolve_preset(const ModelFile& mf, const std::string& want) {
-  const auto m = by_key(mf);
   const Config* cfg = nullptr;
   if (!want.empty()) {
     cfg = &preset(want);
   } else {
-    const Config d = infer_dims(mf, m);
+    const Config d = infer_dims(mf, by_key(mf));
     for (const Config& p : presets())
       if (p.V == d.V && p.C == d.C && p.L == d.L && p.H == d.H && p.KVH == d.KVH && p.D == d.D &&
           p.F == d.F)
@@ -467,7 +466,10 @@ const Config& resolve_preset(const ModelFile& mf, const std::string& want) {
   return *cfg;
 }
 
-void check_model_file(const ModelFile& mf, const Config& c) {
+namespace {
+
+// The file's tensors by TorchTitan key, after checking every one of them against c.
+std::map<std::string, const SourceTensor*> checked_keys(const ModelFile& mf, const Config& c) {
   const auto m = by_key(mf);
   std::set<std::string> used;
   for (const StateEntry& e : state_dict_entries(c, make_layout(c))) {
@@ -503,11 +505,17 @@ void check_model_file(const ModelFile& mf, const Config& c) {
     throw Error(mf.path + ": lm_head.weight is tok_embeddings.weight (tied), but " + c.name +
                 " has an output layer of its own");
   check_hf_config(mf, c);
+  return m;
+}
+
+}  // namespace
+
+void check_model_file(const ModelFile& mf, const Config& c) {
+  checked_keys(mf, c);
 }
 
 void load_params(const ModelFile& mf, const Config& c, const ParamSink& sink) {
-  check_model_file(mf, c);
-  const auto m = by_key(mf);
+  const auto m = checked_keys(mf, c);
   const ParamLayout layout = make_layout(c);
   std::set<std::string> fused_done;
   std::vector<float> emb;  // kept to compare a tied lm_head stored separately
