@@ -91,7 +91,8 @@ void check_output_file(const std::string& out) {
     throw Error(out + " is a folder; give a file name");
 }
 
-void validate(const TrainArgs& a) {
+// Every flag, the output paths, and the memory the run plans (returned) against the machine.
+MemoryPlan validate(const TrainArgs& a) {
   if (a.backend != "cpu") throw Error("unknown backend '" + a.backend + "' (this build has: cpu)");
   const Config& c = preset(a.preset);
   parse_dtype(a.dtype);
@@ -123,6 +124,7 @@ void validate(const TrainArgs& a) {
                   have / (1 << 30));
     throw Error(msg);
   }
+  return plan;
 }
 
 // Dumps the initial parameters, the first step's gradients and its loss (parity tests).
@@ -143,7 +145,7 @@ int train(TrainArgs a) {
     src = open_model_file(a.init_from);
     a.preset = resolve_preset(*src, a.preset_given ? a.preset : "").name;
   }
-  validate(a);
+  const MemoryPlan plan = validate(a);
   const Config& c = preset(a.preset);
   const DType dtype = parse_dtype(a.dtype);
   const int nthreads = a.threads ? a.threads : default_threads();
@@ -151,7 +153,6 @@ int train(TrainArgs a) {
   std::printf("device: CPU(threads=%d, %s)\n", nthreads, cpu_isa().c_str());
   const ParamLayout layout = make_layout(c);
   std::printf("parameters: %s\n", with_commas(int64_t(layout.total)).c_str());
-  const MemoryPlan plan = memory_plan(c, dtype, a.batch_size, a.seq_len);
   const double mib = 1.0 / (1 << 20);
   std::printf(
       "memory: %.1f MiB planned (parameters %.1f, gradients %.1f, activations %.1f, "
