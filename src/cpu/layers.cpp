@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "core/common.h"
+#include "cpu/gemm.h"
 
 namespace tq::cpu {
 
@@ -73,16 +75,57 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
     for (int64_t c = 0; c < C; ++c) dw[c] += dwpart[size_t(t) * C + c];
 }
 
+// Matmuls: our packed AVX-512 products (gemm.h) where the CPU has them, OpenBLAS elsewhere
+// or when TQ_CPU=generic asks for the portable path.
+static bool generic_requested() {
+  const char* e = std::getenv("TQ_CPU");
+  return e && std::strcmp(e, "generic") == 0;
+}
+#ifdef TQ_NO_AVX512
+bool has_avx512f() { return false; }
+bool has_avx512bf16() { return false; }
+void gemm_f32(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool) { std::abort(); }
+void gemm_bf16(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool) { std::abort(); }
+#else
+bool has_avx512f() {
+  static const bool yes = !generic_requested() && __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512dq");
+  return yes;
+}
+bool has_avx512bf16() {
+  static const bool yes = has_avx512f() && __builtin_cpu_supports("avx512bf16");
+  return yes;
+}
+#endif
+
+// out[N, OC] = x[N, IC] W[OC, IC]^T;  dx[N, IC] = dout[N, OC] W;  dW[OC, IC] += dout^T x
 void matmul_forward(float* out, const float* x, const float* W, int64_t N, int64_t IC, int64_t OC) {
+  if (has_avx512f())
+    return gemm_f32(N, OC, IC, {x, false, IC, 1}, {W, false, IC, 1}, out, OC, false);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, x, IC, W, IC, 0.0f, out,
               OC);
 }
 void matmul_backward(float* dx, float* dW, const float* dout, const float* x, const float* W,
                      int64_t N, int64_t IC, int64_t OC) {
+  if (has_avx512f()) {
+    gemm_f32(N, IC, OC, {dout, false, OC, 1}, {W, false, 1, IC}, dx, IC, false);
+    gemm_f32(OC, IC, N, {dout, false, 1, OC}, {x, false, 1, IC}, dW, IC, true);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, W, IC, 0.0f, dx,
               IC);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, x, IC, 1.0f, dW,
               IC);
+}
+void matmul_forward_bf16w(float* out, const float* x, const uint16_t* W, int64_t N, int64_t IC,
+                          int64_t OC) {
+  gemm_bf16(N, OC, IC, {x, false, IC, 1}, {W, true, IC, 1}, out, OC, false);
+}
+void matmul_backward_bf16w(float* dx, float* dW, const float* dout, const float* x,
+                           const uint16_t* W, int64_t N, int64_t IC, int64_t OC) {
+  gemm_bf16(N, IC, OC, {dout, false, OC, 1}, {W, true, 1, IC}, dx, IC, false);
+  gemm_bf16(OC, IC, N, {dout, false, 1, OC}, {x, false, 1, IC}, dW, IC, true);
 }
 
 void qkv_split_forward(float* q, float* k, float* v, const float* qkv, int64_t N, int64_t H,

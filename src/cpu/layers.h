@@ -18,6 +18,11 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
 void matmul_forward(float* out, const float* x, const float* W, int64_t N, int64_t IC, int64_t OC);
 void matmul_backward(float* dx, float* dW, const float* dout, const float* x, const float* W,
                      int64_t N, int64_t IC, int64_t OC);
+// bf16 weights (x, dout bf16 values held in fp32); only where has_avx512bf16() (gemm.h)
+void matmul_forward_bf16w(float* out, const float* x, const uint16_t* W, int64_t N, int64_t IC,
+                          int64_t OC);
+void matmul_backward_bf16w(float* dx, float* dW, const float* dout, const float* x,
+                           const uint16_t* W, int64_t N, int64_t IC, int64_t OC);
 void qkv_split_forward(float* q, float* k, float* v, const float* qkv, int64_t N, int64_t H,
                        int64_t KVH, int64_t D);
 void qkv_split_backward(float* dqkv, const float* dq, const float* dk, const float* dv, int64_t N,

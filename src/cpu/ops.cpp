@@ -9,6 +9,7 @@
 #include <new>
 
 #include "core/common.h"
+#include "cpu/gemm.h"
 #include "cpu/layers.h"
 
 namespace tq {
@@ -70,6 +71,7 @@ void sgd_update_bf16(uint16_t* w, const uint16_t* g, int64_t n, float lr) {
 }  // namespace
 
 const Ops& cpu_ops() {
+  const bool bf16dot = cpu::has_avx512bf16();
   static const Ops ops = {
       "cpu",
       host_alloc,
@@ -86,6 +88,8 @@ const Ops& cpu_ops() {
       cpu::rmsnorm_backward,
       cpu::matmul_forward,
       cpu::matmul_backward,
+      bf16dot ? cpu::matmul_forward_bf16w : nullptr,
+      bf16dot ? cpu::matmul_backward_bf16w : nullptr,
       cpu::qkv_split_forward,
       cpu::qkv_split_backward,
       cpu::rope_forward,

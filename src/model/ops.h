@@ -28,6 +28,11 @@ struct Ops {
   void (*matmul_forward)(float*, const float*, const float*, int64_t, int64_t, int64_t);
   void (*matmul_backward)(float*, float*, const float*, const float*, const float*, int64_t,
                           int64_t, int64_t);
+  // Optional (null: widen the weight with bf16_to_f32 and use matmul_*): the same products
+  // with the weight in bf16 storage, for bf16 runs; x and dout hold bf16 values.
+  void (*matmul_forward_bf16w)(float*, const float*, const uint16_t*, int64_t, int64_t, int64_t);
+  void (*matmul_backward_bf16w)(float*, float*, const float*, const float*, const uint16_t*,
+                                int64_t, int64_t, int64_t);
   void (*qkv_split_forward)(float*, float*, float*, const float*, int64_t, int64_t, int64_t,
                             int64_t);
   void (*qkv_split_backward)(float*, const float*, const float*, const float*, int64_t, int64_t,

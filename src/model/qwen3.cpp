@@ -152,6 +152,22 @@ void Qwen3::grad_done(size_t off, int64_t n) {
   if (dtype_ == DType::bf16) ops_.bf16_accumulate(static_cast<uint16_t*>(grads_) + off, gbuf_, n);
 }
 
+void Qwen3::linear_forward(float* out, const float* x, size_t off, int64_t IC, int64_t OC) {
+  if (dtype_ == DType::bf16 && ops_.matmul_forward_bf16w)
+    return ops_.matmul_forward_bf16w(out, x, static_cast<const uint16_t*>(params_) + off, N_, IC,
+                                     OC);
+  ops_.matmul_forward(out, x, weight(off, IC * OC), N_, IC, OC);
+}
+void Qwen3::linear_backward(float* dx, const float* dout, const float* x, size_t off, int64_t IC,
+                            int64_t OC) {
+  if (dtype_ == DType::bf16 && ops_.matmul_backward_bf16w)
+    ops_.matmul_backward_bf16w(dx, grad(off, IC * OC), dout, x,
+                               static_cast<const uint16_t*>(params_) + off, N_, IC, OC);
+  else
+    ops_.matmul_backward(dx, grad(off, IC * OC), dout, x, weight(off, IC * OC), N_, IC, OC);
+  grad_done(off, IC * OC);
+}
+
 double Qwen3::forward(const Batch& batch) {
   const Config& c = cfg_;
   const Ops& o = ops_;
@@ -165,7 +181,7 @@ double Qwen3::forward(const Batch& batch) {
     float* res_out = l + 1 < c.L ? la_[l + 1].res : res_final_;
     o.rmsnorm_forward(a.xn1, a.rstd1, a.res, weight(w.attn_norm, C), N, C, c.eps);
     rb(a.xn1, N * C);
-    o.matmul_forward(qkv_, a.xn1, weight(w.wqkv, QKV * C), N, C, QKV);
+    linear_forward(qkv_, a.xn1, w.wqkv, C, QKV);
     rb(qkv_, N * QKV);
     o.qkv_split_forward(a.qr, a.kr, a.v, qkv_, N, H, K, D);
     o.rmsnorm_forward(a.q, a.qrstd, a.qr, weight(w.q_norm, D), N * H, D, c.eps);
@@ -176,7 +192,7 @@ double Qwen3::forward(const Batch& batch) {
     rb(a.q, N * H * D), rb(a.k, N * K * D);
     o.attention_forward(a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D);
     rb(a.att, N * H * D);
-    o.matmul_forward(tmp_, a.att, weight(w.wo, C * H * D), N, H * D, C);
+    linear_forward(tmp_, a.att, w.wo, H * D, C);
     rb(tmp_, N * C);
     o.copy(a.mid, a.res, N * C);
     o.add_inplace(a.mid, tmp_, N * C);
@@ -184,11 +200,11 @@ double Qwen3::forward(const Batch& batch) {
     o.rmsnorm_forward(a.xn2, a.rstd2, a.mid, weight(w.ffn_norm, C), N, C, c.eps);
     rb(a.xn2, N * C);
     // w1 and w3 are adjacent: one [2F, C] matmul
-    o.matmul_forward(a.ab, a.xn2, weight(w.w1, 2 * F * C), N, C, 2 * F);
+    linear_forward(a.ab, a.xn2, w.w1, C, 2 * F);
     rb(a.ab, N * 2 * F);
     o.swiglu_forward(a.m, a.ab, N, F);
     rb(a.m, N * F);
-    o.matmul_forward(tmp_, a.m, weight(w.w2, C * F), N, F, C);
+    linear_forward(tmp_, a.m, w.w2, F, C);
     rb(tmp_, N * C);
     o.copy(res_out, a.mid, N * C);
     o.add_inplace(res_out, tmp_, N * C);
@@ -196,7 +212,7 @@ double Qwen3::forward(const Batch& batch) {
   }
   o.rmsnorm_forward(xnf_, rstdf_, res_final_, weight(layout_.norm, C), N, C, c.eps);
   rb(xnf_, N * C);
-  o.matmul_forward(logits_, xnf_, weight(layout_.lm_head, c.V * C), N, C, c.V);
+  linear_forward(logits_, xnf_, layout_.lm_head, C, c.V);
   rb(logits_, N * c.V);
   return o.crossentropy_forward(lse_ce_, logits_, targets_.data(), N, c.V);
 }
@@ -211,8 +227,7 @@ void Qwen3::backward() {
   o.crossentropy_backward(logits_, logits_, lse_ce_, targets_.data(), N, c.V, 1.0 / N);
   rb(logits_, N * c.V);
   const size_t head = layout_.lm_head, fnorm = layout_.norm;
-  o.matmul_backward(dxn_, grad(head, c.V * C), logits_, xnf_, weight(head, c.V * C), N, C, c.V);
-  grad_done(head, c.V * C);
+  linear_backward(dxn_, logits_, xnf_, head, C, c.V);
   rb(dxn_, N * C);
   o.rmsnorm_backward(dres_, grad(fnorm, C), dxn_, res_final_, rstdf_, weight(fnorm, C), N, C);
   grad_done(fnorm, C);
@@ -221,14 +236,11 @@ void Qwen3::backward() {
     const ParamLayout::Layer& w = layout_.layers[l];
     const LayerActs& a = la_[l];
     // feed-forward: dres is the gradient of this layer's output
-    o.matmul_backward(dm_, grad(w.w2, C * F), dres_, a.m, weight(w.w2, C * F), N, F, C);
-    grad_done(w.w2, C * F);
+    linear_backward(dm_, dres_, a.m, w.w2, F, C);
     rb(dm_, N * F);
     o.swiglu_backward(dab_, dm_, a.ab, N, F);
     rb(dab_, N * 2 * F);
-    o.matmul_backward(dxn_, grad(w.w1, 2 * F * C), dab_, a.xn2, weight(w.w1, 2 * F * C), N, C,
-                      2 * F);
-    grad_done(w.w1, 2 * F * C);
+    linear_backward(dxn_, dab_, a.xn2, w.w1, C, 2 * F);
     rb(dxn_, N * C);
     o.rmsnorm_backward(dtmp_, grad(w.ffn_norm, C), dxn_, a.mid, a.rstd2, weight(w.ffn_norm, C), N,
                        C);
@@ -236,9 +248,7 @@ void Qwen3::backward() {
     o.add_inplace(dres_, rb(dtmp_, N * C), N * C);  // dres is now d(mid)
     rb(dres_, N * C);
     // attention
-    o.matmul_backward(datt_, grad(w.wo, C * H * D), dres_, a.att, weight(w.wo, C * H * D), N, H * D,
-                      C);
-    grad_done(w.wo, C * H * D);
+    linear_backward(datt_, dres_, a.att, w.wo, H * D, C);
     rb(datt_, N * H * D);
     o.attention_backward(dq_, dk_, dv_, datt_, a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D);
     rb(dq_, N * H * D), rb(dk_, N * K * D), rb(dv_, N * K * D);
@@ -251,8 +261,7 @@ void Qwen3::backward() {
     grad_done(w.k_norm, D);
     rb(dqr_, N * H * D), rb(dkr_, N * K * D);
     o.qkv_split_backward(qkv_, dqr_, dkr_, dv_, N, H, K, D);
-    o.matmul_backward(dxn_, grad(w.wqkv, QKV * C), qkv_, a.xn1, weight(w.wqkv, QKV * C), N, C, QKV);
-    grad_done(w.wqkv, QKV * C);
+    linear_backward(dxn_, qkv_, a.xn1, w.wqkv, C, QKV);
     rb(dxn_, N * C);
     o.rmsnorm_backward(dtmp_, grad(w.attn_norm, C), dxn_, a.res, a.rstd1, weight(w.attn_norm, C), N,
                        C);

@@ -62,6 +62,11 @@ class Qwen3 {
   const float* weight(size_t off, int64_t n);
   float* grad(size_t off, int64_t n);
   void grad_done(size_t off, int64_t n);
+  // matmul_forward / matmul_backward with weight `off` [OC, IC]; bf16 runs hand the bf16
+  // weight to the backend's bf16 products where it has them.
+  void linear_forward(float* out, const float* x, size_t off, int64_t IC, int64_t OC);
+  void linear_backward(float* dx, const float* dout, const float* x, size_t off, int64_t IC,
+                       int64_t OC);
   struct LayerActs {
     float *res, *xn1, *rstd1, *qr, *kr, *v, *qrstd, *krstd, *q, *k, *att, *lse, *mid, *xn2, *rstd2,
         *ab, *m;

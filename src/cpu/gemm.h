@@ -1,0 +1,29 @@
+// Our own packed matrix products for AVX-512 CPUs (src/cpu/gemm_avx512.cpp):
+//   C[M, N] (= or +=) sum_k A(m, k) * B(n, k)
+// A and B are strided views; C is row-major with row stride ldc. Two arithmetic kinds:
+//   f32:  fp32 products, fp32 sums (vfmadd231ps)
+//   bf16: operands rounded to bf16 (exact for values that already are bf16), products of
+//         pairs summed into fp32 (vdpbf16ps); k runs in pairs, an odd K is padded with 0.
+// Every C element is summed in the same k order whatever the thread count, so results are
+// bit-for-bit reproducible. Call only when the CPU has the instructions (has_avx512f /
+// has_avx512bf16); the functions are compiled for them and would fault elsewhere.
+#pragma once
+#include <cstdint>
+
+namespace tq::cpu {
+
+struct View {
+  const void* p;
+  bool bf16;           // element storage: bf16 bits (uint16_t) or fp32
+  int64_t rs, ks;      // element (row i, k) at p[i * rs + k * ks]
+};
+
+bool has_avx512f();
+bool has_avx512bf16();
+
+void gemm_f32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
+              bool accumulate);
+void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
+               bool accumulate);
+
+}  // namespace tq::cpu

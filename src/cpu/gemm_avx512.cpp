@@ -1,0 +1,299 @@
+// Packed AVX-512 matrix products (contract in gemm.h). Compiled with AVX-512 flags: keep
+// this file free of inline library templates (std::min, containers), whose AVX-512 copies
+// the linker could pick for the rest of the program and run on CPUs without AVX-512.
+//
+// Blocking (BLIS order): for each block of NC columns of B and KC k-slots, A[:, slots] and
+// B[block, slots] are packed into panels of MR rows / NR columns (one 32-bit slot = one fp32
+// k, or a bf16 pair of k's, row by row: panel[s][r]), then every MR x NR tile of C is one
+// micro-kernel call: 2 x MR accumulators of 16 lanes, one broadcast of A and two vector
+// loads of B per slot. Packing and tiles are split over the threads; each tile is summed by
+// one thread in slot order, so results do not depend on the thread count.
+// GCC 12's AVX-512 headers trip -Wuninitialized on their own _mm512_undefined_* (GCC PR 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#include <omp.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "cpu/gemm.h"
+
+namespace tq::cpu {
+namespace {
+
+constexpr int MR = 12, NR = 32;  // 24 accumulators + 2 B vectors + broadcasts: 32 zmm
+constexpr int64_t KC = 192;      // slots per block: B panel 24 KiB (L1), A panel 9 KiB
+constexpr int64_t NC = 768;      // columns per block: packed B 576 KiB (L2)
+
+inline int64_t lo(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+
+// Grow-only workspace: products are called one at a time (from the top level, not from
+// inside parallel regions), so one buffer serves them all.
+uint32_t* workspace(int64_t words) {
+  static uint32_t* buf = nullptr;
+  static int64_t cap = 0;
+  if (words > cap) {
+    std::free(buf);
+    cap = words + words / 4;
+    buf = static_cast<uint32_t*>(std::aligned_alloc(64, size_t((cap * 4 + 63) / 64 * 64)));
+    if (!buf) std::abort();
+  }
+  return buf;
+}
+
+// ---- packing: dst[s * R + r] = slot s0 + s of row r0 + r, zero outside the matrix ----
+
+// One slot of row i: its fp32 bits (f32 kind) or a bf16 pair, low half = even k.
+inline uint16_t to_bf16(float f) {  // round to nearest even (NaN stays NaN)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+inline uint16_t elem_bf16(const View& v, int64_t i, int64_t k) {
+  const int64_t off = i * v.rs + k * v.ks;
+  return v.bf16 ? static_cast<const uint16_t*>(v.p)[off]
+                : to_bf16(static_cast<const float*>(v.p)[off]);
+}
+inline uint32_t elem_f32(const View& v, int64_t i, int64_t k) {
+  const int64_t off = i * v.rs + k * v.ks;
+  if (v.bf16) return uint32_t(static_cast<const uint16_t*>(v.p)[off]) << 16;
+  uint32_t u;
+  std::memcpy(&u, static_cast<const float*>(v.p) + off, 4);
+  return u;
+}
+
+template <bool BF>
+void pack_scalar(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int R,
+                 int64_t s0, int64_t S) {
+  for (int64_t s = 0; s < S; ++s)
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = r0 + r;
+      uint32_t w = 0;
+      if (i < rows) {
+        if (BF) {
+          const int64_t k = 2 * (s0 + s);
+          if (k < K) w = elem_bf16(v, i, k);
+          if (k + 1 < K) w |= uint32_t(elem_bf16(v, i, k + 1)) << 16;
+        } else if (s0 + s < K) {
+          w = elem_f32(v, i, s0 + s);
+        }
+      }
+      dst[s * R + r] = w;
+    }
+}
+
+// 16 consecutive slots of row i from element k: masked to the matrix.
+template <bool BF>
+inline __m512i load_slots(const View& v, int64_t i, int64_t k, int64_t K) {
+  const int64_t n = K - k;  // elements left in the row
+  if (n <= 0) return _mm512_setzero_si512();
+  if (BF) {
+    const __mmask32 m = n >= 32 ? ~__mmask32(0) : (__mmask32(1) << n) - 1;
+    if (v.bf16)
+      return _mm512_maskz_loadu_epi16(m, static_cast<const uint16_t*>(v.p) + i * v.rs + k);
+    const float* p = static_cast<const float*>(v.p) + i * v.rs + k;
+    const __m512 a = _mm512_maskz_loadu_ps(__mmask16(m), p);
+    const __m512 b = _mm512_maskz_loadu_ps(__mmask16(m >> 16), p + 16);
+    return __m512i(_mm512_cvtne2ps_pbh(b, a));
+  }
+  const __mmask16 m = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+  if (v.bf16)
+    return _mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
+            m, static_cast<const uint16_t*>(v.p) + i * v.rs + k)),
+        16);
+  return _mm512_maskz_loadu_epi32(m, static_cast<const float*>(v.p) + i * v.rs + k);
+}
+
+// r[i] <- column i of the 16x16 matrix whose rows are r[0..15].
+inline void transpose16(__m512i r[16]) {
+  __m512i b[16], c[16];
+  for (int i = 0; i < 16; i += 2) {
+    b[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    b[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int g = 0; g < 16; g += 4) {
+    c[g + 0] = _mm512_unpacklo_epi64(b[g], b[g + 2]);
+    c[g + 1] = _mm512_unpackhi_epi64(b[g], b[g + 2]);
+    c[g + 2] = _mm512_unpacklo_epi64(b[g + 1], b[g + 3]);
+    c[g + 3] = _mm512_unpackhi_epi64(b[g + 1], b[g + 3]);
+  }
+  // c[4g + q], lane L: rows 4g..4g+3 of column 4L + q
+  for (int q = 0; q < 4; ++q) {
+    const __m512i x0 = _mm512_shuffle_i32x4(c[q], c[4 + q], 0x88);
+    const __m512i y0 = _mm512_shuffle_i32x4(c[8 + q], c[12 + q], 0x88);
+    const __m512i x1 = _mm512_shuffle_i32x4(c[q], c[4 + q], 0xdd);
+    const __m512i y1 = _mm512_shuffle_i32x4(c[8 + q], c[12 + q], 0xdd);
+    r[q] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+    r[8 + q] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
+    r[4 + q] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+    r[12 + q] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
+  }
+}
+
+// Rows contiguous in k (ks == 1): 16 rows x 16 slots at a time through a transpose.
+template <bool BF>
+void pack_kcontig(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int R,
+                  int64_t s0, int64_t S) {
+  const int per = BF ? 2 : 1;
+  for (int rg = 0; rg < R; rg += 16) {
+    const int nr = R - rg < 16 ? R - rg : 16;
+    const __mmask16 sm = __mmask16((1u << nr) - 1);
+    for (int64_t s = 0; s < S; s += 16) {
+      __m512i t[16];
+      for (int r = 0; r < 16; ++r) {
+        const int64_t i = r0 + rg + r;
+        t[r] = r < nr && i < rows ? load_slots<BF>(v, i, (s0 + s) * per, K)
+                                  : _mm512_setzero_si512();
+      }
+      transpose16(t);
+      const int64_t ns = lo(16, S - s);
+      for (int j = 0; j < ns; ++j) _mm512_mask_storeu_epi32(dst + (s + j) * R + rg, sm, t[j]);
+    }
+  }
+}
+
+// 16 consecutive rows of element k (rows contiguous, rs == 1), as fp32 bits.
+inline __m512 load_rows_f32(const View& v, int64_t i, int64_t k, __mmask16 m) {
+  if (v.bf16)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(
+            _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(v.p) + i + k * v.ks)),
+        16));
+  return _mm512_maskz_loadu_ps(m, static_cast<const float*>(v.p) + i + k * v.ks);
+}
+
+// Rows contiguous (rs == 1): each slot is 16 rows at a time from one or two k rows.
+template <bool BF>
+void pack_rcontig(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int R,
+                  int64_t s0, int64_t S) {
+  for (int rg = 0; rg < R; rg += 16) {
+    const int64_t left = rows - (r0 + rg);
+    const int nr = R - rg < 16 ? R - rg : 16;
+    const int nv = left <= 0 ? 0 : int(lo(nr, left));
+    const __mmask16 m = __mmask16((1u << nv) - 1), sm = __mmask16((1u << nr) - 1);
+    const int64_t i = r0 + rg;
+    for (int64_t s = 0; s < S; ++s) {
+      __m512i w;
+      if (BF) {
+        const int64_t k = 2 * (s0 + s);
+        const __m512 a = k < K ? load_rows_f32(v, i, k, m) : _mm512_setzero_ps();
+        const __m512 b = k + 1 < K ? load_rows_f32(v, i, k + 1, m) : _mm512_setzero_ps();
+        // round both to bf16 (exact for bf16 values), then interleave a (low) with b (high)
+        const __m256i ah = __m256i(_mm512_cvtneps_pbh(a)), bh = __m256i(_mm512_cvtneps_pbh(b));
+        w = _mm512_or_si512(_mm512_cvtepu16_epi32(ah),
+                            _mm512_slli_epi32(_mm512_cvtepu16_epi32(bh), 16));
+      } else {
+        w = s0 + s < K ? _mm512_castps_si512(load_rows_f32(v, i, s0 + s, m))
+                       : _mm512_setzero_si512();
+      }
+      _mm512_mask_storeu_epi32(dst + s * R + rg, sm, w);
+    }
+  }
+}
+
+template <bool BF>
+void pack(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int R, int64_t s0,
+          int64_t S) {
+  if (v.ks == 1)
+    pack_kcontig<BF>(dst, v, rows, K, r0, R, s0, S);
+  else if (v.rs == 1)
+    pack_rcontig<BF>(dst, v, rows, K, r0, R, s0, S);
+  else
+    pack_scalar<BF>(dst, v, rows, K, r0, R, s0, S);
+}
+
+// ---- micro-kernel: C[mr, nr] (+)= Ap[S][MR] x Bp[S][NR] ----
+template <bool BF>
+inline __m512 madd(__m512 c, __m512i a, __m512 b) {
+  if constexpr (BF)
+    return _mm512_dpbf16_ps(c, __m512bh(a), __m512bh(b));
+  else
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(a), b, c);
+}
+
+template <bool BF>
+void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
+           int64_t ldc, int mr, int nr, bool acc) {
+  __m512 c0[MR], c1[MR];
+#pragma GCC unroll 12
+  for (int r = 0; r < MR; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < S; ++s) {
+    const __m512 b0 = _mm512_load_ps(B + s * NR), b1 = _mm512_load_ps(B + s * NR + 16);
+    _mm_prefetch(reinterpret_cast<const char*>(B + s * NR + 8 * NR), _MM_HINT_T0);
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; ++r) {
+      const __m512i a = _mm512_set1_epi32(int(A[s * MR + r]));
+      c0[r] = madd<BF>(c0[r], a, b0);
+      c1[r] = madd<BF>(c1[r], a, b1);
+    }
+  }
+  const __mmask16 m0 = nr >= 16 ? __mmask16(0xffff) : __mmask16((1u << nr) - 1);
+  const __mmask16 m1 = nr >= 32 ? __mmask16(0xffff) : nr > 16 ? __mmask16((1u << (nr - 16)) - 1) : 0;
+#pragma GCC unroll 12
+  for (int r = 0; r < MR; ++r) {
+    if (r >= mr) break;
+    float* cr = C + r * ldc;
+    if (acc) {
+      c0[r] = _mm512_add_ps(c0[r], _mm512_maskz_loadu_ps(m0, cr));
+      c1[r] = _mm512_add_ps(c1[r], _mm512_maskz_loadu_ps(m1, cr + 16));
+    }
+    _mm512_mask_storeu_ps(cr, m0, c0[r]);
+    _mm512_mask_storeu_ps(cr + 16, m1, c1[r]);
+  }
+}
+
+template <bool BF>
+void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc, bool accumulate) {
+  if (M <= 0 || N <= 0) return;
+  const int64_t S = BF ? (K + 1) / 2 : K;  // slots
+  if (S == 0) {  // empty sum
+    if (!accumulate)
+      for (int64_t m = 0; m < M; ++m) std::memset(C + m * ldc, 0, size_t(N) * 4);
+    return;
+  }
+  const int64_t MP = (M + MR - 1) / MR, kcmax = lo(KC, S);
+  const int64_t asize = (MP * MR * kcmax + 15) / 16 * 16;  // B panels stay 64-byte aligned
+  uint32_t* Ap = workspace(asize + lo(NC, (N + NR - 1) / NR * NR) * kcmax);
+  uint32_t* Bp = Ap + asize;
+#pragma omp parallel
+  for (int64_t jc = 0; jc < N; jc += NC) {
+    const int64_t nc = lo(NC, N - jc), NP = (nc + NR - 1) / NR;
+    for (int64_t pc = 0; pc < S; pc += KC) {
+      const int64_t kc = lo(KC, S - pc);
+#pragma omp for schedule(static)
+      for (int64_t p = 0; p < MP + NP; ++p) {
+        if (p < MP)
+          pack<BF>(Ap + p * MR * kc, A, M, K, p * MR, MR, pc, kc);
+        else
+          pack<BF>(Bp + (p - MP) * NR * kc, B, N, K, jc + (p - MP) * NR, NR, pc, kc);
+      }
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < NP * MP; ++t) {
+        const int64_t jr = t / MP, ir = t % MP;
+        micro<BF>(kc, Ap + ir * MR * kc, Bp + jr * NR * kc, C + ir * MR * ldc + jc + jr * NR, ldc,
+                  int(lo(MR, M - ir * MR)), int(lo(NR, nc - jr * NR)), accumulate || pc > 0);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_f32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
+              bool accumulate) {
+  gemm<false>(M, N, K, A, B, C, ldc, accumulate);
+}
+void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
+               bool accumulate) {
+  gemm<true>(M, N, K, A, B, C, ldc, accumulate);
+}
+
+}  // namespace tq::cpu

@@ -1,0 +1,126 @@
+// Our AVX-512 products (src/cpu/gemm.h) against a plain double-precision sum, over many
+// shapes (odd, smaller and larger than a tile or block), every operand layout the model uses
+// plus a general strided one, fp32 and bf16 sources, overwrite and accumulate; results must
+// not depend on the thread count.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "core/common.h"
+#include "cpu/gemm.h"
+#include "cpu/layers.h"
+#include "testing.h"
+
+namespace tq {
+namespace {
+
+enum class Layout { kcontig, rcontig, strided };
+
+// A (rows x K) matrix stored in one of the layouts, as fp32 or bf16 bits.
+struct Operand {
+  std::vector<float> f;      // fp32 storage
+  std::vector<uint16_t> h;   // bf16 storage
+  std::vector<double> val;   // the value each (i, k) holds, row-major
+  cpu::View view;
+};
+Operand make(int64_t rows, int64_t K, Layout lay, bool bf16src, bool bf16vals, uint32_t seed) {
+  Operand o;
+  const std::vector<double> v = test::randn(size_t(rows * K), seed);
+  int64_t rs, ks, size;
+  switch (lay) {
+    case Layout::kcontig: rs = K, ks = 1, size = rows * K; break;
+    case Layout::rcontig: rs = 1, ks = rows, size = rows * K; break;
+    default: rs = 3 * K + 1, ks = 2, size = rows * (3 * K + 1); break;  // padded rows, gaps
+  }
+  o.f.assign(size_t(size), 1e30f);  // untouched slots would poison the result
+  o.h.assign(size_t(size), f32_to_bf16(1e30f));
+  o.val.resize(size_t(rows * K));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t k = 0; k < K; ++k) {
+      float x = float(v[size_t(i * K + k)]);
+      if (bf16vals || bf16src) x = round_bf16(x);
+      o.f[size_t(i * rs + k * ks)] = x;
+      o.h[size_t(i * rs + k * ks)] = f32_to_bf16(x);
+      o.val[size_t(i * K + k)] = x;
+    }
+  o.view = {bf16src ? static_cast<const void*>(o.h.data()) : o.f.data(), bf16src, rs, ks};
+  return o;
+}
+
+struct Case {
+  int64_t M, N, K;
+};
+const Case kCases[] = {{1, 1, 1},    {1, 33, 7},    {5, 17, 3},     {12, 32, 64},  {13, 33, 65},
+                       {32, 256, 256}, {31, 70, 385}, {100, 50, 2},  {24, 800, 40}, {7, 1600, 33},
+                       {40, 64, 1000}, {257, 97, 129}};
+
+void run(bool bf16) {
+  if (!(bf16 ? cpu::has_avx512bf16() : cpu::has_avx512f()))
+    GTEST_SKIP() << "this CPU lacks AVX-512" << (bf16 ? " BF16" : "") << ": the OpenBLAS path runs";
+  const auto gemm = bf16 ? cpu::gemm_bf16 : cpu::gemm_f32;
+  uint32_t seed = 1;
+  for (const Case& c : kCases)
+    for (Layout la : {Layout::kcontig, Layout::rcontig, Layout::strided})
+      for (Layout lb : {Layout::kcontig, Layout::rcontig, Layout::strided})
+        for (int src = 0; src < 4; ++src) {
+          const bool abf = src & 1, bbf = src & 2;
+          const Operand A = make(c.M, c.K, la, abf, bf16, seed++);
+          const Operand B = make(c.N, c.K, lb, bbf, bf16, seed++);
+          const int64_t ldc = c.N + 3;
+          const std::vector<double> c0 = test::randn(size_t(c.M * ldc), seed++);
+          for (bool acc : {false, true}) {
+            std::vector<float> C(c0.begin(), c0.end()), C1;
+            for (int threads : {2, 1}) {
+              omp_set_num_threads(threads);
+              std::vector<float> out(c0.begin(), c0.end());
+              gemm(c.M, c.N, c.K, A.view, B.view, out.data(), ldc, acc);
+              if (threads == 2) C = out;
+              else C1 = out;
+            }
+            omp_set_num_threads(cpu::threads());
+            const std::string what = "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
+                                     " K=" + std::to_string(c.K) + " layouts " +
+                                     std::to_string(int(la)) + std::to_string(int(lb)) +
+                                     " bf16 sources " + std::to_string(src) +
+                                     (acc ? " accumulate" : "");
+            ASSERT_EQ(C, C1) << what << ": differs between 1 and 2 threads";
+            for (int64_t m = 0; m < c.M; ++m)
+              for (int64_t n = 0; n < ldc; ++n) {
+                const float got = C[size_t(m * ldc + n)];
+                if (n >= c.N) {  // the padding of each C row is never written
+                  ASSERT_EQ(got, float(c0[size_t(m * ldc + n)])) << what;
+                  continue;
+                }
+                double want = acc ? double(float(c0[size_t(m * ldc + n)])) : 0.0, mag = 0;
+                for (int64_t k = 0; k < c.K; ++k) {
+                  const double p = A.val[size_t(m * c.K + k)] * B.val[size_t(n * c.K + k)];
+                  want += p;
+                  mag += std::fabs(p);
+                }
+                // fp32 sums of exact products, any order: |error| <= (K + 1) u sum |terms|
+                const double bound = double(c.K + 2) * 6e-8 * (mag + (acc ? std::fabs(c0[size_t(m * ldc + n)]) : 0.0));
+                ASSERT_NEAR(got, want, bound + 1e-30)
+                    << what << " at (" << m << ", " << n << ")";
+              }
+          }
+        }
+}
+
+TEST(Gemm, F32MatchesPlainSumsOverShapesAndLayouts) { run(false); }
+TEST(Gemm, Bf16MatchesPlainSumsOverShapesAndLayouts) { run(true); }
+
+// bf16 operands that are not bf16 values are rounded to nearest even, not truncated.
+TEST(Gemm, Bf16RoundsFp32OperandsToNearest) {
+  if (!cpu::has_avx512bf16()) GTEST_SKIP() << "this CPU lacks AVX-512 BF16";
+  const float a = 1.0f + 3.0f / 256.0f;  // between bf16 neighbours 1+2/256 and 1+4/256: ties even
+  const float b = 1.0f;
+  std::vector<float> A = {a}, B = {b}, C = {0};
+  cpu::gemm_bf16(1, 1, 1, {A.data(), false, 1, 1}, {B.data(), false, 1, 1}, C.data(), 1, false);
+  EXPECT_EQ(C[0], round_bf16(a));
+}
+
+}  // namespace
+}  // namespace tq
