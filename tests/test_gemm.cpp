@@ -76,7 +76,7 @@ void run(bool bf16) {
             for (int threads : {2, 1}) {
               omp_set_num_threads(threads);
               std::vector<float> out(c0.begin(), c0.end());
-              gemm(c.M, c.N, c.K, A.view, B.view, out.data(), ldc, acc);
+              gemm(c.M, c.N, c.K, A.view, B.view, out.data(), ldc, acc, 1.0f);
               if (threads == 2) C = out;
               else C1 = out;
             }

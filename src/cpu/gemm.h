@@ -1,5 +1,5 @@
 // Our own packed matrix products for AVX-512 CPUs (src/cpu/gemm_avx512.cpp):
-//   C[M, N] (= or +=) sum_k A(m, k) * B(n, k)
+//   C[M, N] (= or +=) alpha * sum_k A(m, k) * B(n, k)
 // A and B are strided views; C is row-major with row stride ldc. Two arithmetic kinds:
 //   f32:  fp32 products, fp32 sums (vfmadd231ps)
 //   bf16: operands rounded to bf16 (exact for values that already are bf16), products of
@@ -21,9 +21,10 @@ struct View {
 bool has_avx512f();
 bool has_avx512bf16();
 
+// With accumulate and alpha != 1, each C element is fma(sum, alpha, C): one rounding.
 void gemm_f32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
-              bool accumulate);
+              bool accumulate, float alpha = 1.0f);
 void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
-               bool accumulate);
+               bool accumulate, float alpha = 1.0f);
 
 }  // namespace tq::cpu

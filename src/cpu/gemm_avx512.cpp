@@ -26,18 +26,18 @@ namespace tq::cpu {
 namespace {
 
 constexpr int MR = 12, NR = 32;  // 24 accumulators + 2 B vectors + broadcasts: 32 zmm
-constexpr int64_t KC = 192;      // slots per block: B panel 24 KiB (L1), A panel 9 KiB
-constexpr int64_t NC = 768;      // columns per block: packed B 576 KiB (L2)
+constexpr int64_t KCMAX = 256;   // slots per k block: B panel <= 32 KiB (L1), A panel 12 KiB
+constexpr int64_t NC = 3072;     // columns per block: packed B <= 3 MiB (L3)
+constexpr int64_t MC = 144;      // rows per block: packed A <= 144 KiB (L2)
 
 inline int64_t lo(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
 
-// Grow-only workspace: products are called one at a time (from the top level, not from
-// inside parallel regions), so one buffer serves them all.
+// Grow-only workspace of the calling thread (attention calls products from its workers).
 uint32_t* workspace(int64_t words) {
-  static uint32_t* buf = nullptr;
-  static int64_t cap = 0;
+  static thread_local uint32_t* buf = nullptr;
+  static thread_local int64_t cap = 0;
   if (words > cap) {
     std::free(buf);
     cap = words + words / 4;
@@ -221,10 +221,16 @@ inline __m512 madd(__m512 c, __m512i a, __m512 b) {
 
 template <bool BF>
 void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
-           int64_t ldc, int mr, int nr, bool acc) {
+           int64_t ldc, int mr, int nr, bool acc, float alpha) {
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 12
-  for (int r = 0; r < MR; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
+  for (int r = 0; r < MR; ++r) {
+    c0[r] = c1[r] = _mm512_setzero_ps();
+    if (r < mr) {  // C is far (often DRAM): fetch it while the sum runs
+      _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc + 16), _MM_HINT_T0);
+    }
+  }
   for (int64_t s = 0; s < S; ++s) {
     const __m512 b0 = _mm512_load_ps(B + s * NR), b1 = _mm512_load_ps(B + s * NR + 16);
     _mm_prefetch(reinterpret_cast<const char*>(B + s * NR + 8 * NR), _MM_HINT_T0);
@@ -241,45 +247,70 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
   for (int r = 0; r < MR; ++r) {
     if (r >= mr) break;
     float* cr = C + r * ldc;
-    if (acc) {
+    if (acc && alpha != 1.0f) {  // one rounding, as the SGD update w -= lr * g compiles
+      c0[r] = _mm512_fmadd_ps(c0[r], _mm512_set1_ps(alpha), _mm512_maskz_loadu_ps(m0, cr));
+      c1[r] = _mm512_fmadd_ps(c1[r], _mm512_set1_ps(alpha), _mm512_maskz_loadu_ps(m1, cr + 16));
+    } else if (acc) {
       c0[r] = _mm512_add_ps(c0[r], _mm512_maskz_loadu_ps(m0, cr));
       c1[r] = _mm512_add_ps(c1[r], _mm512_maskz_loadu_ps(m1, cr + 16));
+    } else if (alpha != 1.0f) {
+      c0[r] = _mm512_mul_ps(c0[r], _mm512_set1_ps(alpha));
+      c1[r] = _mm512_mul_ps(c1[r], _mm512_set1_ps(alpha));
     }
     _mm512_mask_storeu_ps(cr, m0, c0[r]);
     _mm512_mask_storeu_ps(cr + 16, m1, c1[r]);
   }
 }
 
+// Slots per k block: at most KCMAX, blocks of equal size (a 256-wide K is one block).
+int64_t kc_for(int64_t S) {
+  const int64_t nb = (S + KCMAX - 1) / KCMAX;
+  return ((S + nb - 1) / nb + 7) / 8 * 8;
+}
+
 template <bool BF>
-void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc, bool accumulate) {
+void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc, bool accumulate,
+          float alpha) {
   if (M <= 0 || N <= 0) return;
   const int64_t S = BF ? (K + 1) / 2 : K;  // slots
-  if (S == 0) {  // empty sum
+  if (S == 0) {                             // empty sum
     if (!accumulate)
       for (int64_t m = 0; m < M; ++m) std::memset(C + m * ldc, 0, size_t(N) * 4);
     return;
   }
-  const int64_t MP = (M + MR - 1) / MR, kcmax = lo(KC, S);
-  const int64_t asize = (MP * MR * kcmax + 15) / 16 * 16;  // B panels stay 64-byte aligned
-  uint32_t* Ap = workspace(asize + lo(NC, (N + NR - 1) / NR * NR) * kcmax);
-  uint32_t* Bp = Ap + asize;
+  // alpha scales the whole sum, so it comes in one k block
+  const int64_t KCB = alpha != 1.0f ? S : kc_for(S), per_thread = (MC + NC) * KCB;
+  uint32_t* ws = workspace(per_thread * omp_get_max_threads());
+  // Each thread owns a band of C (columns, or rows when there are more rows) and runs the
+  // blocked product on it with its own packing buffers: no barriers, and B or A is packed
+  // straight from memory into the cache that uses it.
 #pragma omp parallel
-  for (int64_t jc = 0; jc < N; jc += NC) {
-    const int64_t nc = lo(NC, N - jc), NP = (nc + NR - 1) / NR;
-    for (int64_t pc = 0; pc < S; pc += KC) {
-      const int64_t kc = lo(KC, S - pc);
-#pragma omp for schedule(static)
-      for (int64_t p = 0; p < MP + NP; ++p) {
-        if (p < MP)
-          pack<BF>(Ap + p * MR * kc, A, M, K, p * MR, MR, pc, kc);
-        else
-          pack<BF>(Bp + (p - MP) * NR * kc, B, N, K, jc + (p - MP) * NR, NR, pc, kc);
-      }
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < NP * MP; ++t) {
-        const int64_t jr = t / MP, ir = t % MP;
-        micro<BF>(kc, Ap + ir * MR * kc, Bp + jr * NR * kc, C + ir * MR * ldc + jc + jr * NR, ldc,
-                  int(lo(MR, M - ir * MR)), int(lo(NR, nc - jr * NR)), accumulate || pc > 0);
+  {
+    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    int64_t m0 = 0, m1 = M, n0 = 0, n1 = N;
+    if (N / NR >= M / MR) {
+      const int64_t np = (N + NR - 1) / NR;
+      n0 = lo(N, np * t / nt * NR), n1 = lo(N, np * (t + 1) / nt * NR);
+    } else {
+      const int64_t mp = (M + MR - 1) / MR;
+      m0 = lo(M, mp * t / nt * MR), m1 = lo(M, mp * (t + 1) / nt * MR);
+    }
+    uint32_t* Bp = ws + per_thread * t;
+    uint32_t* Ap = Bp + NC * KCB;
+    for (int64_t jc = n0; jc < n1; jc += NC) {
+      const int64_t nc = lo(NC, n1 - jc);
+      for (int64_t pc = 0; pc < S; pc += KCB) {
+        const int64_t kc = lo(KCB, S - pc);
+        for (int64_t jr = 0; jr < nc; jr += NR) pack<BF>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
+        for (int64_t ic = m0; ic < m1; ic += MC) {
+          const int64_t mc = lo(MC, m1 - ic);
+          for (int64_t ir = 0; ir < mc; ir += MR) pack<BF>(Ap + ir * kc, A, M, K, ic + ir, MR, pc, kc);
+          for (int64_t jr = 0; jr < nc; jr += NR)
+            for (int64_t ir = 0; ir < mc; ir += MR)
+              micro<BF>(kc, Ap + ir * kc, Bp + jr * kc, C + (ic + ir) * ldc + jc + jr, ldc,
+                        int(lo(MR, mc - ir)), int(lo(NR, nc - jr)), accumulate || pc > 0,
+                        pc + kc < S ? 1.0f : alpha);
+        }
       }
     }
   }
@@ -288,12 +319,12 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
 }  // namespace
 
 void gemm_f32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
-              bool accumulate) {
-  gemm<false>(M, N, K, A, B, C, ldc, accumulate);
+              bool accumulate, float alpha) {
+  gemm<false>(M, N, K, A, B, C, ldc, accumulate, alpha);
 }
 void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
-               bool accumulate) {
-  gemm<true>(M, N, K, A, B, C, ldc, accumulate);
+               bool accumulate, float alpha) {
+  gemm<true>(M, N, K, A, B, C, ldc, accumulate, alpha);
 }
 
 }  // namespace tq::cpu

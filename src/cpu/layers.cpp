@@ -84,8 +84,8 @@ static bool generic_requested() {
 #ifdef TQ_NO_AVX512
 bool has_avx512f() { return false; }
 bool has_avx512bf16() { return false; }
-void gemm_f32(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool) { std::abort(); }
-void gemm_bf16(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool) { std::abort(); }
+void gemm_f32(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float) { std::abort(); }
+void gemm_bf16(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float) { std::abort(); }
 #else
 bool has_avx512f() {
   static const bool yes = !generic_requested() && __builtin_cpu_supports("avx512f") &&
@@ -182,6 +182,17 @@ void rope_backward(float* dx, const float* dout, const float* cos, const float* 
   rope_apply(dx, dout, cos, sin, B, T, NH, D, -1.0f);
 }
 
+// Row-major C[M, N] = alpha op(A) op(B) + beta C (beta 0 or 1) for attention's blocks,
+// called from inside its parallel loops (our products then run on the calling thread).
+static void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (has_avx512f())
+    return gemm_f32(M, N, K, {A, false, ta ? 1 : lda, ta ? lda : 1},
+                    {B, false, tb ? ldb : 1, tb ? 1 : ldb}, C, ldc, beta != 0.0f, alpha);
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M),
+              int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+
 static inline float dot(const float* a, const float* b, int64_t D) {
   float s = 0;
 #pragma omp simd reduction(+ : s)
@@ -201,7 +212,7 @@ static void block_probs(float* s, const float* qp, const float* kp, int64_t i0, 
                         int64_t e, int64_t ldq, int64_t ldk, int64_t D, float* lse_new,
                         const float* lse_old) {
   const float scale = 1.0f / std::sqrt(float(D));
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(e), int(D), scale, qp, int(ldq),
+  sgemm(false, true, int(m), int(e), int(D), scale, qp, int(ldq),
               kp, int(ldk), 0.0f, s, int(e));
   for (int64_t r = 0; r < m; ++r) {
     float* row = s + r * e;
@@ -237,7 +248,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
           const int64_t row0 = ((b * T + i0) * H + h) * D;  // query row i0 + r at + r*H*D
           block_probs(s.data(), q + row0, kp, i0, m, e, H * D, KVH * D, D,
                       lse + (b * H + h) * T + i0, nullptr);
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(D), int(e), 1.0f,
+          sgemm(false, false, int(m), int(D), int(e), 1.0f,
                       s.data(), int(e), vp, int(KVH * D), 0.0f, out + row0, int(H * D));
         }
   }
@@ -267,9 +278,9 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             block_probs(p.data(), q + row0, k + kv0, i0, m, e, ldq, ldk, D, nullptr,
                         lse + (b * H + h) * T + i0);
             // dV += Pᵀ dO;  dP = dO Vᵀ
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(e), int(D), int(m), 1.0f,
+            sgemm(true, false, int(e), int(D), int(m), 1.0f,
                         p.data(), int(e), dout + row0, int(ldq), 1.0f, dv + kv0, int(ldk));
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(e), int(D), 1.0f,
+            sgemm(false, true, int(m), int(e), int(D), 1.0f,
                         dout + row0, int(ldq), v + kv0, int(ldk), 0.0f, ds.data(), int(e));
             // dS = P (dP - rowsum(dO O)) scale; masked entries have P = 0
             for (int64_t r = 0; r < m; ++r) {
@@ -278,9 +289,9 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
               for (int64_t j = 0; j < e; ++j) dsr[j] = pr[j] * (dsr[j] - d) * scale;
             }
             // dQ = dS K;  dK += dSᵀ Q
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(D), int(e), 1.0f,
+            sgemm(false, false, int(m), int(D), int(e), 1.0f,
                         ds.data(), int(e), k + kv0, int(ldk), 0.0f, dq + row0, int(ldq));
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(e), int(D), int(m), 1.0f,
+            sgemm(true, false, int(e), int(D), int(m), 1.0f,
                         ds.data(), int(e), q + row0, int(ldq), 1.0f, dk + kv0, int(ldk));
           }
       }
