@@ -120,6 +120,39 @@ TEST(Qwen3, SgdStepLowersTheLossAndIsDeterministic) {
   EXPECT_LT(runs[0].back(), runs[0].front());
 }
 
+// backward_sgd (the step fused into the weight-gradient products where the backend can) is
+// backward + sgd_update: bit for bit while one k block sums all tokens, to rounding beyond.
+TEST(Qwen3, FusedSgdStepEqualsBackwardThenSgd) {
+  for (DType dt : {DType::f32, DType::bf16})
+    for (bool tied : {true, false})
+      for (int64_t T : {16, 300}) {
+        const Config c = tiny(tied);
+        const std::vector<float> w = tiny_params(c);
+        const Batch b = fixed_batch(1, T, c.V);
+        Qwen3 m1(c, dt, 1, T, cpu_ops()), m2(c, dt, 1, T, cpu_ops());
+        m1.set_params(w.data());
+        m2.set_params(w.data());
+        std::vector<float> p1(w.size()), p2(w.size());
+        for (int s = 0; s < 3; ++s) {
+          const double l1 = m1.forward(b), l2 = m2.forward(b);
+          m1.backward();
+          m1.sgd_update(0.3f);  // not a power of two: the bf16 step's roundings all matter
+          m2.backward_sgd(0.3f);
+          m1.get_params(p1.data());
+          m2.get_params(p2.data());
+          const std::string what = std::string(dtype_name(dt)) + (tied ? " tied" : " untied") +
+                                   " T=" + std::to_string(T) + " step " + std::to_string(s);
+          if (T <= 256) {
+            ASSERT_EQ(l1, l2) << what;
+            ASSERT_EQ(p1, p2) << what;
+          } else {
+            ASSERT_NEAR(l1, l2, 1e-5 * l1) << what;
+            ASSERT_LT(test::rel_l2(p2, p1), dt == DType::f32 ? 1e-6 : 1e-2) << what;
+          }
+        }
+      }
+}
+
 TEST(Qwen3, Bf16KeepsParametersAndGradientsInBf16) {
   const Config c = tiny();
   const std::vector<float> w = tiny_params(c);

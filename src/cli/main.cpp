@@ -185,17 +185,19 @@ int train(TrainArgs a) {
       std::printf("step %02lld: loss=%s\n", (long long)s, std::isnan(loss) ? "nan" : "inf");
       break;
     }
-    model.backward();
     std::chrono::duration<double, std::milli> untimed{0};
-    if (s == 1 && !a.dump_first_step.empty()) {  // parameters as trained (bf16-rounded)
+    if (s != 1 || a.dump_first_step.empty()) {
+      model.backward_sgd(float(a.lr));  // no gradient kept where the backend fuses the step
+    } else {
+      model.backward();  // parameters as trained (bf16-rounded)
       const auto d0 = std::chrono::steady_clock::now();
       std::vector<float> params(layout.total), grads(layout.total);
       model.get_params(params.data());
       model.get_grads(grads.data());
       dump_first_step(a.dump_first_step, c, params, grads, loss);
       untimed = std::chrono::steady_clock::now() - d0;
+      model.sgd_update(float(a.lr));
     }
-    model.sgd_update(float(a.lr));
     ms.push_back((std::chrono::steady_clock::now() - t0 - untimed).count() / 1e6);
     rec.losses.push_back(loss);
     rec.steps = s;

@@ -27,4 +27,10 @@ void gemm_f32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t
 void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
                bool accumulate, float alpha = 1.0f);
 
+// The optimizer step fused into the weight-gradient product (no gradient is kept):
+// W[M, N] (bf16) <- bf16(W + bf16(bf16(-lr) * bf16(sum_k A B))), the optax bf16 SGD step of
+// sgd_update_bf16. (fp32 SGD is gemm_f32(..., W, ldw, true, -lr): W = fma(sum, -lr, W).)
+void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, int64_t ldw,
+                   float lr);
+
 }  // namespace tq::cpu

@@ -219,7 +219,31 @@ inline __m512 madd(__m512 c, __m512i a, __m512 b) {
     return _mm512_fmadd_ps(_mm512_castsi512_ps(a), b, c);
 }
 
-template <bool BF>
+// x rounded to the nearest bf16 (ties even; NaN stays NaN), as f32_to_bf16 in core/common.h
+inline __m512 round_bf16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i bias = _mm512_add_epi32(
+      _mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+  __m512i r = _mm512_add_epi32(u, bias);
+  r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x400000));
+  return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(int(0xffff0000u))));
+}
+inline __m512 load_bf16(const uint16_t* p, __mmask16 m) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+inline void store_bf16(uint16_t* p, __mmask16 m, __m512 x) {  // x already a bf16 value
+  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
+}
+// The optax bf16 SGD step on one weight vector w given its gradient sum g (fp32):
+// bf16(w + bf16(step * bf16(0 + g))), step = bf16(-lr) -- sgd_update_bf16 in cpu/ops.cpp.
+inline __m512 sgd_bf16(__m512 w, __m512 g, __m512 step) {
+  g = round_bf16(_mm512_add_ps(g, _mm512_setzero_ps()));
+  return round_bf16(_mm512_add_ps(w, round_bf16(_mm512_mul_ps(step, g))));
+}
+
+// SGD16: C is a bf16 weight (uint16_t) that takes the SGD step above with alpha = bf16(-lr).
+template <bool BF, bool SGD16 = false>
 void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
            int64_t ldc, int mr, int nr, bool acc, float alpha) {
   __m512 c0[MR], c1[MR];
@@ -227,8 +251,10 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
   for (int r = 0; r < MR; ++r) {
     c0[r] = c1[r] = _mm512_setzero_ps();
     if (r < mr) {  // C is far (often DRAM): fetch it while the sum runs
-      _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc + 16), _MM_HINT_T0);
+      const char* cr = SGD16 ? reinterpret_cast<const char*>(C) + 2 * r * ldc
+                             : reinterpret_cast<const char*>(C + r * ldc);
+      _mm_prefetch(cr, _MM_HINT_T0);
+      _mm_prefetch(cr + 64, _MM_HINT_T0);
     }
   }
   for (int64_t s = 0; s < S; ++s) {
@@ -246,6 +272,13 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
 #pragma GCC unroll 12
   for (int r = 0; r < MR; ++r) {
     if (r >= mr) break;
+    if constexpr (SGD16) {
+      uint16_t* wr = reinterpret_cast<uint16_t*>(C) + r * ldc;
+      const __m512 step = _mm512_set1_ps(alpha);
+      store_bf16(wr, m0, sgd_bf16(load_bf16(wr, m0), c0[r], step));
+      store_bf16(wr + 16, m1, sgd_bf16(load_bf16(wr + 16, m1), c1[r], step));
+      continue;
+    }
     float* cr = C + r * ldc;
     if (acc && alpha != 1.0f) {  // one rounding, as the SGD update w -= lr * g compiles
       c0[r] = _mm512_fmadd_ps(c0[r], _mm512_set1_ps(alpha), _mm512_maskz_loadu_ps(m0, cr));
@@ -262,13 +295,19 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
   }
 }
 
+// Tile address: C holds fp32, or bf16 weights for the fused SGD step.
+template <bool SGD16>
+inline float* tile(float* C, int64_t off) {
+  return SGD16 ? reinterpret_cast<float*>(reinterpret_cast<uint16_t*>(C) + off) : C + off;
+}
+
 // Slots per k block: at most KCMAX, blocks of equal size (a 256-wide K is one block).
 int64_t kc_for(int64_t S) {
   const int64_t nb = (S + KCMAX - 1) / KCMAX;
   return ((S + nb - 1) / nb + 7) / 8 * 8;
 }
 
-template <bool BF>
+template <bool BF, bool SGD16 = false>
 void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc, bool accumulate,
           float alpha) {
   if (M <= 0 || N <= 0) return;
@@ -279,7 +318,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
     return;
   }
   // alpha scales the whole sum, so it comes in one k block
-  const int64_t KCB = alpha != 1.0f ? S : kc_for(S), per_thread = (MC + NC) * KCB;
+  const int64_t KCB = alpha != 1.0f || SGD16 ? S : kc_for(S), per_thread = (MC + NC) * KCB;
   uint32_t* ws = workspace(per_thread * omp_get_max_threads());
   // Each thread owns a band of C (columns, or rows when there are more rows) and runs the
   // blocked product on it with its own packing buffers: no barriers, and B or A is packed
@@ -307,7 +346,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           for (int64_t ir = 0; ir < mc; ir += MR) pack<BF>(Ap + ir * kc, A, M, K, ic + ir, MR, pc, kc);
           for (int64_t jr = 0; jr < nc; jr += NR)
             for (int64_t ir = 0; ir < mc; ir += MR)
-              micro<BF>(kc, Ap + ir * kc, Bp + jr * kc, C + (ic + ir) * ldc + jc + jr, ldc,
+              micro<BF, SGD16>(kc, Ap + ir * kc, Bp + jr * kc, tile<SGD16>(C, (ic + ir) * ldc + jc + jr), ldc,
                         int(lo(MR, mc - ir)), int(lo(NR, nc - jr)), accumulate || pc > 0,
                         pc + kc < S ? 1.0f : alpha);
         }
@@ -325,6 +364,14 @@ void gemm_f32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t
 void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
                bool accumulate, float alpha) {
   gemm<true>(M, N, K, A, B, C, ldc, accumulate, alpha);
+}
+
+void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, int64_t ldw,
+                   float lr) {
+  const uint32_t step = uint32_t(to_bf16(-lr)) << 16;  // bf16(-lr) as fp32 bits
+  float alpha;
+  std::memcpy(&alpha, &step, 4);
+  gemm<true, true>(M, N, K, A, B, reinterpret_cast<float*>(W), ldw, true, alpha);
 }
 
 }  // namespace tq::cpu

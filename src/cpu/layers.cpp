@@ -86,6 +86,7 @@ bool has_avx512f() { return false; }
 bool has_avx512bf16() { return false; }
 void gemm_f32(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float) { std::abort(); }
 void gemm_bf16(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float) { std::abort(); }
+void gemm_bf16_sgd(int64_t, int64_t, int64_t, View, View, uint16_t*, int64_t, float) { std::abort(); }
 #else
 bool has_avx512f() {
   static const bool yes = !generic_requested() && __builtin_cpu_supports("avx512f") &&
@@ -118,6 +119,11 @@ void matmul_backward(float* dx, float* dW, const float* dout, const float* x, co
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, x, IC, 1.0f, dW,
               IC);
 }
+void matmul_backward_sgd(float* dx, float* W, const float* dout, const float* x, int64_t N,
+                         int64_t IC, int64_t OC, float lr) {
+  gemm_f32(N, IC, OC, {dout, false, OC, 1}, {W, false, 1, IC}, dx, IC, false);
+  gemm_f32(OC, IC, N, {dout, false, 1, OC}, {x, false, 1, IC}, W, IC, true, -lr);
+}
 void matmul_forward_bf16w(float* out, const float* x, const uint16_t* W, int64_t N, int64_t IC,
                           int64_t OC) {
   gemm_bf16(N, OC, IC, {x, false, IC, 1}, {W, true, IC, 1}, out, OC, false);
@@ -126,6 +132,11 @@ void matmul_backward_bf16w(float* dx, float* dW, const float* dout, const float*
                            const uint16_t* W, int64_t N, int64_t IC, int64_t OC) {
   gemm_bf16(N, IC, OC, {dout, false, OC, 1}, {W, true, 1, IC}, dx, IC, false);
   gemm_bf16(OC, IC, N, {dout, false, 1, OC}, {x, false, 1, IC}, dW, IC, true);
+}
+void matmul_backward_sgd_bf16w(float* dx, uint16_t* W, const float* dout, const float* x,
+                               int64_t N, int64_t IC, int64_t OC, float lr) {
+  gemm_bf16(N, IC, OC, {dout, false, OC, 1}, {W, true, 1, IC}, dx, IC, false);
+  gemm_bf16_sgd(OC, IC, N, {dout, false, 1, OC}, {x, false, 1, IC}, W, IC, lr);
 }
 
 void qkv_split_forward(float* q, float* k, float* v, const float* qkv, int64_t N, int64_t H,

@@ -23,6 +23,12 @@ void matmul_forward_bf16w(float* out, const float* x, const uint16_t* W, int64_t
                           int64_t OC);
 void matmul_backward_bf16w(float* dx, float* dW, const float* dout, const float* x,
                            const uint16_t* W, int64_t N, int64_t IC, int64_t OC);
+// matmul_backward with the SGD step of W fused into its weight-gradient product (no dW):
+// only where has_avx512f() / has_avx512bf16() (gemm.h)
+void matmul_backward_sgd(float* dx, float* W, const float* dout, const float* x, int64_t N,
+                         int64_t IC, int64_t OC, float lr);
+void matmul_backward_sgd_bf16w(float* dx, uint16_t* W, const float* dout, const float* x,
+                               int64_t N, int64_t IC, int64_t OC, float lr);
 void qkv_split_forward(float* q, float* k, float* v, const float* qkv, int64_t N, int64_t H,
                        int64_t KVH, int64_t D);
 void qkv_split_backward(float* dqkv, const float* dq, const float* dk, const float* dv, int64_t N,

@@ -71,7 +71,7 @@ void sgd_update_bf16(uint16_t* w, const uint16_t* g, int64_t n, float lr) {
 }  // namespace
 
 const Ops& cpu_ops() {
-  const bool bf16dot = cpu::has_avx512bf16();
+  const bool bf16dot = cpu::has_avx512bf16(), avx512 = cpu::has_avx512f();
   static const Ops ops = {
       "cpu",
       host_alloc,
@@ -90,6 +90,8 @@ const Ops& cpu_ops() {
       cpu::matmul_backward,
       bf16dot ? cpu::matmul_forward_bf16w : nullptr,
       bf16dot ? cpu::matmul_backward_bf16w : nullptr,
+      avx512 ? cpu::matmul_backward_sgd : nullptr,
+      bf16dot ? cpu::matmul_backward_sgd_bf16w : nullptr,
       cpu::qkv_split_forward,
       cpu::qkv_split_backward,
       cpu::rope_forward,

@@ -101,6 +101,22 @@ Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& op
     wbuf_ = p;
     gbuf_ = p + largest_param(layout_);
   }
+  // Parameters the fused step cannot take (embedding, tied head, norms), merged into ranges.
+  // Which weights fuse depends on the backend; ranges of weights that do not are stepped
+  // by sgd_update after backward (their gradients are complete by then).
+  for (const ParamView& v : layout_.params) {
+    bool matrix = v.offset == layout_.lm_head && layout_.lm_head != layout_.tok_emb;
+    for (const ParamLayout::Layer& w : layout_.layers)
+      matrix |= v.offset == w.wqkv || v.offset == w.wo || v.offset == w.w1 || v.offset == w.w3 ||
+                v.offset == w.w2;
+    const bool can = dtype == DType::f32 ? ops.matmul_backward_sgd != nullptr
+                                         : ops.matmul_backward_sgd_bf16w != nullptr;
+    if (matrix && can) continue;
+    if (!unfused_.empty() && unfused_.back().first + unfused_.back().second == v.offset)
+      unfused_.back().second += v.numel;
+    else
+      unfused_.push_back({v.offset, v.numel});
+  }
   std::vector<float> c, s;
   rope_tables(c, s, T, cfg.D, cfg.theta);
   ops.upload(cos_, c.data(), c.size() * 4);
@@ -158,8 +174,20 @@ void Qwen3::linear_forward(float* out, const float* x, size_t off, int64_t IC, i
                                      OC);
   ops_.matmul_forward(out, x, weight(off, IC * OC), N_, IC, OC);
 }
+bool Qwen3::fused(size_t off) const {
+  if (fuse_lr_ <= 0 || off == layout_.tok_emb) return false;  // a tied head: two contributions
+  return dtype_ == DType::f32 ? ops_.matmul_backward_sgd != nullptr
+                              : ops_.matmul_backward_sgd_bf16w != nullptr;
+}
 void Qwen3::linear_backward(float* dx, const float* dout, const float* x, size_t off, int64_t IC,
                             int64_t OC) {
+  if (fused(off)) {
+    if (dtype_ == DType::f32)
+      return ops_.matmul_backward_sgd(dx, static_cast<float*>(params_) + off, dout, x, N_, IC, OC,
+                                      fuse_lr_);
+    return ops_.matmul_backward_sgd_bf16w(dx, static_cast<uint16_t*>(params_) + off, dout, x, N_,
+                                          IC, OC, fuse_lr_);
+  }
   if (dtype_ == DType::bf16 && ops_.matmul_backward_bf16w)
     ops_.matmul_backward_bf16w(dx, grad(off, IC * OC), dout, x,
                                static_cast<const uint16_t*>(params_) + off, N_, IC, OC);
@@ -221,7 +249,11 @@ void Qwen3::backward() {
   const Config& c = cfg_;
   const Ops& o = ops_;
   const int64_t N = N_, C = c.C, H = c.H, K = c.KVH, D = c.D, F = c.F, QKV = c.qkv_rows();
-  o.zero(grads_, layout_.total * dtype_size(dtype_));
+  if (fuse_lr_ > 0)
+    for (const auto& [off, n] : unfused_)
+      o.zero(static_cast<char*>(grads_) + off * dtype_size(dtype_), n * dtype_size(dtype_));
+  else
+    o.zero(grads_, layout_.total * dtype_size(dtype_));
   // Each parameter-gradient call is bracketed by grad(off, n) ... grad_done(off, n).
   // logits -> dlogits in place
   o.crossentropy_backward(logits_, logits_, lse_ce_, targets_.data(), N, c.V, 1.0 / N);
@@ -280,6 +312,20 @@ void Qwen3::sgd_update(float lr) {
   else
     ops_.sgd_update_bf16(static_cast<uint16_t*>(params_), static_cast<const uint16_t*>(grads_),
                          layout_.total, lr);
+}
+
+void Qwen3::backward_sgd(float lr) {
+  fuse_lr_ = lr;
+  backward();
+  fuse_lr_ = 0;
+  for (const auto& [off, n] : unfused_) {
+    if (dtype_ == DType::f32)
+      ops_.sgd_update_f32(static_cast<float*>(params_) + off,
+                          static_cast<const float*>(grads_) + off, int64_t(n), lr);
+    else
+      ops_.sgd_update_bf16(static_cast<uint16_t*>(params_) + off,
+                           static_cast<const uint16_t*>(grads_) + off, int64_t(n), lr);
+  }
 }
 
 int64_t Qwen3::correct(const Batch& batch) const {

@@ -50,6 +50,10 @@ class Qwen3 {
   double forward(const Batch& batch);  // mean loss; saves activations for backward
   void backward();                     // grads of the last forward (grads are zeroed first)
   void sgd_update(float lr);
+  // backward + sgd_update(lr) in one pass where the backend can: each weight with a single
+  // gradient contribution takes its step inside its weight-gradient product, so its gradient
+  // never reaches the gradient arena (which then holds only the other parameters' grads).
+  void backward_sgd(float lr);
   // argmax(logits[n]) == target[n] count for the last forward
   int64_t correct(const Batch& batch) const;
 
@@ -67,6 +71,9 @@ class Qwen3 {
   void linear_forward(float* out, const float* x, size_t off, int64_t IC, int64_t OC);
   void linear_backward(float* dx, const float* dout, const float* x, size_t off, int64_t IC,
                        int64_t OC);
+  bool fused(size_t off) const;  // takes its SGD step in linear_backward (fuse_lr_ > 0)
+  float fuse_lr_ = 0;
+  std::vector<std::pair<size_t, size_t>> unfused_;  // [offset, count) left to sgd_update
   struct LayerActs {
     float *res, *xn1, *rstd1, *qr, *kr, *v, *qrstd, *krstd, *q, *k, *att, *lse, *mid, *xn2, *rstd2,
         *ab, *m;
