@@ -112,6 +112,54 @@ void run(bool bf16) {
 TEST(Gemm, F32MatchesPlainSumsOverShapesAndLayouts) { run(false); }
 TEST(Gemm, Bf16MatchesPlainSumsOverShapesAndLayouts) { run(true); }
 
+// alpha and the fused SGD step need the whole sum before the store, also when K spans
+// several k blocks (partial sums kept per thread): against plain sums, both thread counts.
+TEST(Gemm, ScaledAndSgdStoresSumOverEveryKBlock) {
+  if (!cpu::has_avx512bf16()) GTEST_SKIP() << "this CPU lacks AVX-512 BF16";
+  uint32_t seed = 100;
+  for (int64_t K : {5, 300, 700, 1500})
+    for (int64_t M : {7, 150}) {
+      const int64_t N = 45;
+      const Operand A = make(M, K, Layout::rcontig, false, true, seed++);
+      const Operand B = make(N, K, Layout::rcontig, false, true, seed++);
+      const std::vector<double> w0 = test::randn(size_t(M * N), seed++);
+      std::vector<float> Wf(w0.begin(), w0.end());
+      std::vector<uint16_t> Wh(Wf.size());
+      for (size_t i = 0; i < Wf.size(); ++i) Wh[i] = f32_to_bf16(Wf[i]);
+      const float lr = 0.3f, step = round_bf16(-lr);
+      std::vector<float> F[2];
+      std::vector<uint16_t> H[2];
+      for (int threads : {2, 1}) {
+        omp_set_num_threads(threads);
+        F[threads - 1] = Wf;
+        H[threads - 1] = Wh;
+        cpu::gemm_f32(M, N, K, A.view, B.view, F[threads - 1].data(), N, true, -lr);
+        cpu::gemm_bf16_sgd(M, N, K, A.view, B.view, H[threads - 1].data(), N, lr);
+      }
+      omp_set_num_threads(cpu::threads());
+      ASSERT_EQ(F[0], F[1]) << "K=" << K;
+      ASSERT_EQ(H[0], H[1]) << "K=" << K;
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          double g = 0, mag = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            const double p = A.val[size_t(m * K + k)] * B.val[size_t(n * K + k)];
+            g += p;
+            mag += std::fabs(p);
+          }
+          const size_t i = size_t(m * N + n);
+          const double f = double(Wf[i]) - double(lr) * g;
+          ASSERT_NEAR(F[1][i], f, double(K + 2) * 6e-8 * (lr * mag + std::fabs(Wf[i])) + 1e-30)
+              << "fp32 K=" << K << " at " << m << "," << n;
+          // bf16: each of the three roundings may land one bf16 step away
+          const double h = round_bf16(bf16_to_f32(Wh[i]) + round_bf16(step * round_bf16(float(g))));
+          ASSERT_NEAR(bf16_to_f32(H[1][i]), h,
+                      std::ldexp(std::fabs(h) + std::fabs(step * g), -7) + K * 6e-8 * mag * lr)
+              << "bf16 K=" << K << " at " << m << "," << n;
+        }
+    }
+}
+
 // bf16 operands that are not bf16 values are rounded to nearest even, not truncated.
 TEST(Gemm, Bf16RoundsFp32OperandsToNearest) {
   if (!cpu::has_avx512bf16()) GTEST_SKIP() << "this CPU lacks AVX-512 BF16";

@@ -243,13 +243,21 @@ inline __m512 sgd_bf16(__m512 w, __m512 g, __m512 step) {
 }
 
 // SGD16: C is a bf16 weight (uint16_t) that takes the SGD step above with alpha = bf16(-lr).
+// The sum starts from zero, or from `init` (fp32 partial sums, row stride ldi) when given.
 template <bool BF, bool SGD16 = false>
 void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
-           int64_t ldc, int mr, int nr, bool acc, float alpha) {
+           int64_t ldc, int mr, int nr, bool acc, float alpha, const float* init = nullptr,
+           int64_t ldi = 0) {
+  const __mmask16 m0 = nr >= 16 ? __mmask16(0xffff) : __mmask16((1u << nr) - 1);
+  const __mmask16 m1 = nr >= 32 ? __mmask16(0xffff) : nr > 16 ? __mmask16((1u << (nr - 16)) - 1) : 0;
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 12
   for (int r = 0; r < MR; ++r) {
     c0[r] = c1[r] = _mm512_setzero_ps();
+    if (init && r < mr) {
+      c0[r] = _mm512_maskz_loadu_ps(m0, init + r * ldi);
+      c1[r] = _mm512_maskz_loadu_ps(m1, init + r * ldi + 16);
+    }
     if (r < mr) {  // C is far (often DRAM): fetch it while the sum runs
       const char* cr = SGD16 ? reinterpret_cast<const char*>(C) + 2 * r * ldc
                              : reinterpret_cast<const char*>(C + r * ldc);
@@ -267,8 +275,6 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
       c1[r] = madd<BF>(c1[r], a, b1);
     }
   }
-  const __mmask16 m0 = nr >= 16 ? __mmask16(0xffff) : __mmask16((1u << nr) - 1);
-  const __mmask16 m1 = nr >= 32 ? __mmask16(0xffff) : nr > 16 ? __mmask16((1u << (nr - 16)) - 1) : 0;
 #pragma GCC unroll 12
   for (int r = 0; r < MR; ++r) {
     if (r >= mr) break;
@@ -317,8 +323,12 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       for (int64_t m = 0; m < M; ++m) std::memset(C + m * ldc, 0, size_t(N) * 4);
     return;
   }
-  // alpha scales the whole sum, so it comes in one k block
-  const int64_t KCB = alpha != 1.0f || SGD16 ? S : kc_for(S), per_thread = (MC + NC) * KCB;
+  // With alpha or the SGD step, the sum must be whole before the store: when it spans k
+  // blocks, each C block is finished over all of them (partial sums in a per-thread fp32
+  // block) before the next, at the price of packing B again for every block of rows.
+  const int64_t KCB = kc_for(S);
+  const bool finish = (alpha != 1.0f || SGD16) && S > KCB;
+  const int64_t per_thread = (MC + NC) * KCB + (finish ? MC * NC : 0);
   uint32_t* ws = workspace(per_thread * omp_get_max_threads());
   // Each thread owns a band of C (columns, or rows when there are more rows) and runs the
   // blocked product on it with its own packing buffers: no barriers, and B or A is packed
@@ -336,21 +346,35 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
     }
     uint32_t* Bp = ws + per_thread * t;
     uint32_t* Ap = Bp + NC * KCB;
+    float* Tp = reinterpret_cast<float*>(Ap + MC * KCB);  // [MC, NC] partial sums (finish)
     for (int64_t jc = n0; jc < n1; jc += NC) {
       const int64_t nc = lo(NC, n1 - jc);
-      for (int64_t pc = 0; pc < S; pc += KCB) {
-        const int64_t kc = lo(KCB, S - pc);
-        for (int64_t jr = 0; jr < nc; jr += NR) pack<BF>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
-        for (int64_t ic = m0; ic < m1; ic += MC) {
-          const int64_t mc = lo(MC, m1 - ic);
-          for (int64_t ir = 0; ir < mc; ir += MR) pack<BF>(Ap + ir * kc, A, M, K, ic + ir, MR, pc, kc);
+      for (int64_t icf = m0; icf < (finish ? m1 : m0 + 1); icf += MC)  // finish: rows outside
+        for (int64_t pc = 0; pc < S; pc += KCB) {
+          const int64_t kc = lo(KCB, S - pc);
+          const bool last = pc + kc == S;
           for (int64_t jr = 0; jr < nc; jr += NR)
+            pack<BF>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
+          for (int64_t ic = finish ? icf : m0; ic < (finish ? lo(m1, icf + MC) : m1); ic += MC) {
+            const int64_t mc = lo(MC, m1 - ic);
             for (int64_t ir = 0; ir < mc; ir += MR)
-              micro<BF, SGD16>(kc, Ap + ir * kc, Bp + jr * kc, tile<SGD16>(C, (ic + ir) * ldc + jc + jr), ldc,
-                        int(lo(MR, mc - ir)), int(lo(NR, nc - jr)), accumulate || pc > 0,
-                        pc + kc < S ? 1.0f : alpha);
+              pack<BF>(Ap + ir * kc, A, M, K, ic + ir, MR, pc, kc);
+            for (int64_t jr = 0; jr < nc; jr += NR)
+              for (int64_t ir = 0; ir < mc; ir += MR) {
+                const int mr = int(lo(MR, mc - ir)), nr = int(lo(NR, nc - jr));
+                const uint32_t *a = Ap + ir * kc, *b = Bp + jr * kc;
+                float* c = tile<SGD16>(C, (ic + ir) * ldc + jc + jr);
+                float* tp = Tp + ir * NC + jr;
+                if (!finish)
+                  micro<BF, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate || pc > 0,
+                                   last ? alpha : 1.0f);
+                else if (!last)
+                  micro<BF>(kc, a, b, tp, NC, mr, nr, pc > 0, 1.0f);
+                else
+                  micro<BF, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate, alpha, tp, NC);
+              }
+          }
         }
-      }
     }
   }
 }
