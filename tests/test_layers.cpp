@@ -2,6 +2,8 @@
 // tier against the reference, forward and backward, over several shapes including odd ones.
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
 #include <functional>
 
 #include "cpu/layers.h"
@@ -306,3 +308,18 @@ TEST(Bf16, RoundsToNearestEven) {
 
 }  // namespace
 }  // namespace tq
+
+// The vectorizable exp of the softmaxes and SwiGLU: within 2 ulp of std::exp over the
+// normal range, exact limits outside it.
+TEST(Exp, WithinTwoUlpOfStdExp) {
+  for (float x = -87.0f; x < 88.5f; x += 0.000731f) {
+    const float got = tq::cpu::exp_for_tests(x), want = std::exp(x);
+    const int ulp = std::abs(std::bit_cast<int32_t>(got) - std::bit_cast<int32_t>(want));
+    ASSERT_LE(ulp, 2) << "x=" << x << " got " << got << " want " << want;
+  }
+  EXPECT_EQ(tq::cpu::exp_for_tests(0.0f), 1.0f);
+  EXPECT_EQ(tq::cpu::exp_for_tests(-100.0f), 0.0f);
+  EXPECT_EQ(tq::cpu::exp_for_tests(-INFINITY), 0.0f);
+  EXPECT_EQ(tq::cpu::exp_for_tests(100.0f), INFINITY);
+  EXPECT_TRUE(std::isnan(tq::cpu::exp_for_tests(NAN)));
+}

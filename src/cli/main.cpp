@@ -21,6 +21,7 @@
 #include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/init.h"
+#include "model/profile.h"
 #include "model/qwen3.h"
 #include "ref/model.h"
 
@@ -34,6 +35,7 @@ struct TrainArgs {
   int64_t seq_len = 32, batch_size = 1, seed = 0, steps = 20;
   double lr = 0.05;
   int threads = 0;
+  bool profile = false;
 };
 
 std::string with_commas(int64_t v) {
@@ -139,6 +141,22 @@ void dump_first_step(const std::string& path, const Config& c, const std::vector
   w.save(path, *root);
 }
 
+// Kernel times per step over steps 2.., against the mean step time.
+void print_profile(const std::vector<double>& ms) {
+  const double steps = double(ms.size() - 1);
+  double step = 0, in_kernels = 0;
+  for (size_t i = 1; i < ms.size(); ++i) step += ms[i] / steps;
+  std::printf("profile: mean step %.2f ms over steps 2-%zu\n", step, ms.size());
+  for (const KernelTime& k : kernel_times()) {
+    const double t = k.seconds * 1e3 / steps;
+    in_kernels += t;
+    std::printf("  %-26s %9.2f ms %5.1f%% %6.0f calls\n", k.name.c_str(), t, 100 * t / step,
+                double(k.calls) / steps);
+  }
+  std::printf("  %-26s %9.2f ms %5.1f%%\n", "(outside kernels)", step - in_kernels,
+              100 * (step - in_kernels) / step);
+}
+
 int train(TrainArgs a) {
   std::optional<ModelFile> src;  // --init-from: the weights to start from
   if (!a.init_from.empty()) {
@@ -161,7 +179,7 @@ int train(TrainArgs a) {
       plan.scratch * mib);
   std::fflush(stdout);
 
-  Qwen3 model(c, dtype, a.batch_size, a.seq_len, cpu_ops());
+  Qwen3 model(c, dtype, a.batch_size, a.seq_len, a.profile ? profiled(cpu_ops()) : cpu_ops());
   const ParamSink sink = [&](size_t off, const float* x, size_t n) { model.set_params(x, off, n); };
   if (src) {
     load_params(*src, c, sink);
@@ -200,6 +218,7 @@ int train(TrainArgs a) {
     }
     ms.push_back((std::chrono::steady_clock::now() - t0 - untimed).count() / 1e6);
     rec.losses.push_back(loss);
+    if (a.profile && s == 1) reset_kernel_times();  // step 1 is warm-up
     rec.steps = s;
     std::printf("step %02lld: loss=%.6f  (%.1f ms)\n", (long long)s, loss, ms.back());
     std::fflush(stdout);
@@ -224,6 +243,7 @@ int train(TrainArgs a) {
     const double flops = tokens * (6.0 * n + 6.0 * c.L * c.H * 2 * c.D * a.seq_len);
     std::printf("speed: median step %.1f ms, %.0f tokens/s, %.1f GFLOP/s\n", med,
                 tokens / med * 1e3, flops / med * 1e-6);
+    if (a.profile && ms.size() > 1) print_profile(ms);
   }
   const std::string out = failure.empty() ? a.output : failed_name(a.output);
   save_checkpoint(
@@ -350,6 +370,7 @@ int main(int argc, char** argv) {
   tr->add_option("--learning-rate", a.lr, "SGD learning rate")->capture_default_str();
   tr->add_option("--dtype", a.dtype, "parameter dtype: bfloat16 or float32")->capture_default_str();
   tr->add_option("--threads", a.threads, "CPU threads (default: all cores)");
+  tr->add_flag("--profile", a.profile, "time every kernel and print where a step's time goes");
   tr->add_option("--output", a.output, "checkpoint path (.pt)")->required();
   tr->add_option("--init-from", a.init_from,
                  "start from these weights instead of the seed: a .pt checkpoint or state dict, "

@@ -210,6 +210,27 @@ void pack(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int
     pack_scalar<BF>(dst, v, rows, K, r0, R, s0, S);
 }
 
+// The source lines pack() will read for these rows and slots, into `out` (at most `cap`):
+// with few rows (W1's 32 tokens) each weight panel is used briefly, and DRAM latency, not
+// bandwidth, bounds the product unless the next panel streams into L2 during this one --
+// spread over its sum, since a burst of prefetches overflows the miss queues and is dropped.
+template <bool BF>
+int panel_lines(const char** out, int cap, const View& v, int64_t rows, int64_t K, int64_t r0,
+                int R, int64_t s0, int64_t S) {
+  const int64_t per = BF ? 2 : 1, es = v.bf16 ? 2 : 4, k0 = s0 * per, k1 = lo(K, (s0 + S) * per);
+  const char* p = static_cast<const char*>(v.p);
+  int n = 0;
+  if (v.ks == 1) {
+    for (int64_t r = r0; r < lo(rows, r0 + R); ++r)
+      for (int64_t b = 0; b < (k1 - k0) * es && n < cap; b += 64) out[n++] = p + (r * v.rs + k0) * es + b;
+  } else if (v.rs == 1 && r0 < rows) {
+    const int64_t span = (lo(rows, r0 + R) - r0) * es;
+    for (int64_t k = k0; k < k1; ++k)
+      for (int64_t b = 0; b < span && n < cap; b += 64) out[n++] = p + (k * v.ks + r0) * es + b;
+  }
+  return n;
+}
+
 // ---- micro-kernel: C[mr, nr] (+)= Ap[S][MR] x Bp[S][NR] ----
 template <bool BF>
 inline __m512 madd(__m512 c, __m512i a, __m512 b) {
@@ -247,7 +268,7 @@ inline __m512 sgd_bf16(__m512 w, __m512 g, __m512 step) {
 template <bool BF, bool SGD16 = false>
 void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
            int64_t ldc, int mr, int nr, bool acc, float alpha, const float* init = nullptr,
-           int64_t ldi = 0) {
+           int64_t ldi = 0, const char* const* pf = nullptr, int npf = 0) {
   const __mmask16 m0 = nr >= 16 ? __mmask16(0xffff) : __mmask16((1u << nr) - 1);
   const __mmask16 m1 = nr >= 32 ? __mmask16(0xffff) : nr > 16 ? __mmask16((1u << (nr - 16)) - 1) : 0;
   __m512 c0[MR], c1[MR];
@@ -268,6 +289,7 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
   for (int64_t s = 0; s < S; ++s) {
     const __m512 b0 = _mm512_load_ps(B + s * NR), b1 = _mm512_load_ps(B + s * NR + 16);
     _mm_prefetch(reinterpret_cast<const char*>(B + s * NR + 8 * NR), _MM_HINT_T0);
+    if (s < npf) _mm_prefetch(pf[s], _MM_HINT_T1);
 #pragma GCC unroll 12
     for (int r = 0; r < MR; ++r) {
       const __m512i a = _mm512_set1_epi32(int(A[s * MR + r]));
@@ -347,32 +369,62 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
     uint32_t* Bp = ws + per_thread * t;
     uint32_t* Ap = Bp + NC * KCB;
     float* Tp = reinterpret_cast<float*>(Ap + MC * KCB);  // [MC, NC] partial sums (finish)
+    constexpr int kLines = 2048;
+    const char* lines[kLines];
     for (int64_t jc = n0; jc < n1; jc += NC) {
       const int64_t nc = lo(NC, n1 - jc);
       for (int64_t icf = m0; icf < (finish ? m1 : m0 + 1); icf += MC)  // finish: rows outside
         for (int64_t pc = 0; pc < S; pc += KCB) {
           const int64_t kc = lo(KCB, S - pc);
           const bool last = pc + kc == S;
-          for (int64_t jr = 0; jr < nc; jr += NR)
-            pack<BF>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
+          // One block of rows: pack each B panel just before its tiles, the next one's
+          // source already in flight. Several: pack the B block once for all of them.
+          const bool stream = m1 - m0 <= MC;
+          if (!stream)
+            for (int64_t jr = 0; jr < nc; jr += NR)
+              pack<BF>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
           for (int64_t ic = finish ? icf : m0; ic < (finish ? lo(m1, icf + MC) : m1); ic += MC) {
-            const int64_t mc = lo(MC, m1 - ic);
+            const int64_t mc = lo(MC, m1 - ic), mt = (mc + MR - 1) / MR * MR;
             for (int64_t ir = 0; ir < mc; ir += MR)
               pack<BF>(Ap + ir * kc, A, M, K, ic + ir, MR, pc, kc);
-            for (int64_t jr = 0; jr < nc; jr += NR)
+            for (int64_t jr = 0; jr < nc; jr += NR) {
+              int npf = 0;  // next panel's lines, handed out to this panel's tiles
+              if (stream) {
+                pack<BF>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
+                if (jr + NR < nc)
+                  npf = panel_lines<BF>(lines, kLines, B, N, K, jc + jr + NR, NR, pc, kc);
+                else if (!last)  // the next k block's first panel
+                  npf = panel_lines<BF>(lines, kLines, B, N, K, jc, NR, pc + kc, lo(KCB, S - pc - kc));
+              }
+              const int per_tile = int((npf + (mc + MR - 1) / MR - 1) / ((mc + MR - 1) / MR));
               for (int64_t ir = 0; ir < mc; ir += MR) {
                 const int mr = int(lo(MR, mc - ir)), nr = int(lo(NR, nc - jr));
                 const uint32_t *a = Ap + ir * kc, *b = Bp + jr * kc;
                 float* c = tile<SGD16>(C, (ic + ir) * ldc + jc + jr);
                 float* tp = Tp + ir * NC + jr;
+                {  // C of the tile four ahead (short sums leave DRAM latency exposed)
+                  int64_t pi = ir + 4 * MR, pj = jr;
+                  if (pi >= mt) pi -= mt, pj += NR;
+                  if (pj < nc && pi < mc)
+                    for (int r = 0; r < int(lo(MR, mc - pi)); ++r) {
+                      const char* cr =
+                          reinterpret_cast<const char*>(tile<SGD16>(C, (ic + pi + r) * ldc + jc + pj));
+                      _mm_prefetch(cr, _MM_HINT_T0);
+                      _mm_prefetch(cr + (SGD16 ? 63 : 127), _MM_HINT_T0);
+                    }
+                }
+                const int t0 = int(ir / MR) * per_tile;
+                const char* const* pf = lines + t0;
+                const int np = int(lo(per_tile, lo(kc, npf - t0 > 0 ? npf - t0 : 0)));
                 if (!finish)
                   micro<BF, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate || pc > 0,
-                                   last ? alpha : 1.0f);
+                                   last ? alpha : 1.0f, nullptr, 0, pf, np);
                 else if (!last)
-                  micro<BF>(kc, a, b, tp, NC, mr, nr, pc > 0, 1.0f);
+                  micro<BF>(kc, a, b, tp, NC, mr, nr, pc > 0, 1.0f, nullptr, 0, pf, np);
                 else
-                  micro<BF, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate, alpha, tp, NC);
+                  micro<BF, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate, alpha, tp, NC, pf, np);
               }
+            }
           }
         }
     }

@@ -7,6 +7,7 @@
 namespace tq::cpu {
 
 void set_threads(int n);  // OpenMP and BLAS
+float exp_for_tests(float x);  // the vectorizable exp the softmaxes and SwiGLU use
 int threads();
 
 void embedding_forward(float* out, const int32_t* tokens, const float* E, int64_t N, int64_t C);
