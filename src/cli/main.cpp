@@ -142,12 +142,12 @@ void dump_first_step(const std::string& path, const Config& c, const std::vector
 }
 
 // Kernel times per step over steps 2.., against the mean step time.
-void print_profile(const std::vector<double>& ms) {
+void print_profile(const std::vector<double>& ms, const std::vector<KernelTime>& kernels) {
   const double steps = double(ms.size() - 1);
   double step = 0, in_kernels = 0;
   for (size_t i = 1; i < ms.size(); ++i) step += ms[i] / steps;
   std::printf("profile: mean step %.2f ms over steps 2-%zu\n", step, ms.size());
-  for (const KernelTime& k : kernel_times()) {
+  for (const KernelTime& k : kernels) {
     const double t = k.seconds * 1e3 / steps;
     in_kernels += t;
     std::printf("  %-26s %9.2f ms %5.1f%% %6.0f calls\n", k.name.c_str(), t, 100 * t / step,
@@ -224,6 +224,7 @@ int train(TrainArgs a) {
     std::fflush(stdout);
   }
   rec.initial_loss = rec.losses.empty() ? NAN : rec.losses.front();
+  const std::vector<KernelTime> kernels = a.profile ? kernel_times() : std::vector<KernelTime>{};
   rec.final_loss = model.forward(batch);
   if (failure.empty()) {
     std::printf("final loss: %.6f\n", rec.final_loss);
@@ -243,7 +244,7 @@ int train(TrainArgs a) {
     const double flops = tokens * (6.0 * n + 6.0 * c.L * c.H * 2 * c.D * a.seq_len);
     std::printf("speed: median step %.1f ms, %.0f tokens/s, %.1f GFLOP/s\n", med,
                 tokens / med * 1e3, flops / med * 1e-6);
-    if (a.profile && ms.size() > 1) print_profile(ms);
+    if (a.profile && ms.size() > 1) print_profile(ms, kernels);
   }
   const std::string out = failure.empty() ? a.output : failed_name(a.output);
   save_checkpoint(
