@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 
+#include "cpu/gemm.h"
 #include "cpu/layers.h"
 #include "model/qwen3.h"
 #include "ref/layers.h"
@@ -146,6 +147,27 @@ TEST_P(Attention, MatchesReferenceAndFiniteDifferences) {
   EXPECT_LT(rel_l2(dqf, dq), kFast);
   EXPECT_LT(rel_l2(dkf, dk), kFast);
   EXPECT_LT(rel_l2(dvf, dv), kFast);
+
+  // bf16 products (bf16 runs): on bf16 inputs, P and dS rounded to bf16 inside; the
+  // reference is exact attention of those inputs
+  if (!cpu::has_avx512bf16()) return;
+  for (auto* x : {&qf, &kf, &vf, &Gf}) cpu::round_bf16_inplace(x->data(), int64_t(x->size()));
+  const Vec qr = to_d(qf), kr = to_d(kf), vr = to_d(vf), Gr = to_d(Gf);
+  ref::attention_forward(o.data(), lse.data(), qr.data(), kr.data(), vr.data(), B, T, H, KVH, D);
+  ref::attention_backward(dq.data(), dk.data(), dv.data(), Gr.data(), o.data(), lse.data(),
+                          qr.data(), kr.data(), vr.data(), B, T, H, KVH, D);
+  std::fill(dqf.begin(), dqf.end(), 3.0f), std::fill(dkf.begin(), dkf.end(), 3.0f),
+      std::fill(dvf.begin(), dvf.end(), 3.0f);
+  cpu::attention_forward_bf16(of.data(), lsef.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH,
+                              D);
+  cpu::attention_backward_bf16(dqf.data(), dkf.data(), dvf.data(), Gf.data(), of.data(),
+                               lsef.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH, D);
+  constexpr double kBf16 = 1e-2;  // bf16 rounding of P and dS: 2^-9 relative each
+  EXPECT_LT(rel_l2(of, o), kBf16);
+  EXPECT_LT(rel_l2(lsef, lse), kFast);  // scores are exact products of bf16 values
+  EXPECT_LT(rel_l2(dqf, dq), kBf16);
+  EXPECT_LT(rel_l2(dkf, dk), kBf16);
+  EXPECT_LT(rel_l2(dvf, dv), kBf16);
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
                          ::testing::Values(AttnShape{1, 1, 1, 1, 2}, AttnShape{2, 5, 4, 2, 8},

@@ -351,13 +351,14 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   const int64_t KCB = kc_for(S);
   const bool finish = (alpha != 1.0f || SGD16) && S > KCB;
   const int64_t per_thread = (MC + NC) * KCB + (finish ? MC * NC : 0);
-  uint32_t* ws = workspace(per_thread * omp_get_max_threads());
+  // Called from inside a parallel loop (attention's blocks): this thread does it all, without
+  // the cost of entering a nested region.
+  const bool serial = omp_in_parallel() || omp_get_max_threads() == 1;
+  uint32_t* ws = workspace(per_thread * (serial ? 1 : omp_get_max_threads()));
   // Each thread owns a band of C (columns, or rows when there are more rows) and runs the
   // blocked product on it with its own packing buffers: no barriers, and B or A is packed
   // straight from memory into the cache that uses it.
-#pragma omp parallel
-  {
-    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+  const auto band = [&](int t, int nt) {
     int64_t m0 = 0, m1 = M, n0 = 0, n1 = N;
     if (N / NR >= M / MR) {
       const int64_t np = (N + NR - 1) / NR;
@@ -428,7 +429,10 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           }
         }
     }
-  }
+  };
+  if (serial) return band(0, 1);
+#pragma omp parallel
+  band(omp_get_thread_num(), omp_get_num_threads());
 }
 
 }  // namespace

@@ -220,11 +220,14 @@ void rope_backward(float* dx, const float* dout, const float* cos, const float* 
 
 // Row-major C[M, N] = alpha op(A) op(B) + beta C (beta 0 or 1) for attention's blocks,
 // called from inside its parallel loops (our products then run on the calling thread).
+// BF: operands rounded to bf16, fp32 sums (bf16 runs, on CPUs with AVX-512 BF16).
+template <bool BF = false>
 static void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                   int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (has_avx512f())
-    return gemm_f32(M, N, K, {A, false, ta ? 1 : lda, ta ? lda : 1},
-                    {B, false, tb ? ldb : 1, tb ? 1 : ldb}, C, ldc, beta != 0.0f, alpha);
+  if (BF || has_avx512f())
+    return (BF ? gemm_bf16 : gemm_f32)(M, N, K, {A, false, ta ? 1 : lda, ta ? lda : 1},
+                                       {B, false, tb ? ldb : 1, tb ? 1 : ldb}, C, ldc,
+                                       beta != 0.0f, alpha);
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M),
               int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
@@ -244,11 +247,12 @@ constexpr int64_t kQB = 64;
 // One query block's probabilities P = softmax(scale Q Kᵀ) (rows i0.., keys 0..e-1) into s,
 // zero where masked; lse_new (forward) receives each row's log-sum-exp, lse_old (backward)
 // is the saved one that P is rebuilt from.
+template <bool BF>
 static void block_probs(float* s, const float* qp, const float* kp, int64_t i0, int64_t m,
                         int64_t e, int64_t ldq, int64_t ldk, int64_t D, float* lse_new,
                         const float* lse_old) {
   const float scale = 1.0f / std::sqrt(float(D));
-  sgemm(false, true, int(m), int(e), int(D), scale, qp, int(ldq),
+  sgemm<BF>(false, true, int(m), int(e), int(D), scale, qp, int(ldq),
               kp, int(ldk), 0.0f, s, int(e));
   for (int64_t r = 0; r < m; ++r) {
     float* row = s + r * e;
@@ -270,8 +274,9 @@ static void block_probs(float* s, const float* qp, const float* kp, int64_t i0, 
   }
 }
 
-void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
+template <bool BF>
+static void attention_fwd(float* out, float* lse, const float* q, const float* k, const float* v,
+                          int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
   const int64_t G = H / KVH, nqb = (T + kQB - 1) / kQB;
 #pragma omp parallel
   {
@@ -284,17 +289,18 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
           const float* kp = k + (b * T * KVH + h / G) * D;  // key row j at kp + j*KVH*D
           const float* vp = v + (b * T * KVH + h / G) * D;
           const int64_t row0 = ((b * T + i0) * H + h) * D;  // query row i0 + r at + r*H*D
-          block_probs(s.data(), q + row0, kp, i0, m, e, H * D, KVH * D, D,
+          block_probs<BF>(s.data(), q + row0, kp, i0, m, e, H * D, KVH * D, D,
                       lse + (b * H + h) * T + i0, nullptr);
-          sgemm(false, false, int(m), int(D), int(e), 1.0f,
+          sgemm<BF>(false, false, int(m), int(D), int(e), 1.0f,
                       s.data(), int(e), vp, int(KVH * D), 0.0f, out + row0, int(H * D));
         }
   }
 }
 
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
-                        int64_t T, int64_t H, int64_t KVH, int64_t D) {
+template <bool BF>
+static void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                          const float* lse, const float* q, const float* k, const float* v,
+                          int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
   const int64_t G = H / KVH, nqb = (T + kQB - 1) / kQB;
   const float scale = 1.0f / std::sqrt(float(D));
   // One task per (sequence, kv head): it owns that head's dk/dv rows, so no races.
@@ -313,12 +319,12 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           for (int64_t qb = 0; qb < nqb; ++qb) {
             const int64_t i0 = qb * kQB, m = std::min(kQB, T - i0), e = i0 + m;
             const int64_t row0 = ((b * T + i0) * H + h) * D;
-            block_probs(p.data(), q + row0, k + kv0, i0, m, e, ldq, ldk, D, nullptr,
+            block_probs<BF>(p.data(), q + row0, k + kv0, i0, m, e, ldq, ldk, D, nullptr,
                         lse + (b * H + h) * T + i0);
             // dV += Pᵀ dO;  dP = dO Vᵀ
-            sgemm(true, false, int(e), int(D), int(m), 1.0f,
+            sgemm<BF>(true, false, int(e), int(D), int(m), 1.0f,
                         p.data(), int(e), dout + row0, int(ldq), 1.0f, dv + kv0, int(ldk));
-            sgemm(false, true, int(m), int(e), int(D), 1.0f,
+            sgemm<BF>(false, true, int(m), int(e), int(D), 1.0f,
                         dout + row0, int(ldq), v + kv0, int(ldk), 0.0f, ds.data(), int(e));
             // dS = P (dP - rowsum(dO O)) scale; masked entries have P = 0
             for (int64_t r = 0; r < m; ++r) {
@@ -327,13 +333,32 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
               for (int64_t j = 0; j < e; ++j) dsr[j] = pr[j] * (dsr[j] - d) * scale;
             }
             // dQ = dS K;  dK += dSᵀ Q
-            sgemm(false, false, int(m), int(D), int(e), 1.0f,
+            sgemm<BF>(false, false, int(m), int(D), int(e), 1.0f,
                         ds.data(), int(e), k + kv0, int(ldk), 0.0f, dq + row0, int(ldq));
-            sgemm(true, false, int(e), int(D), int(m), 1.0f,
+            sgemm<BF>(true, false, int(e), int(D), int(m), 1.0f,
                         ds.data(), int(e), q + row0, int(ldq), 1.0f, dk + kv0, int(ldk));
           }
       }
   }
+}
+
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
+  attention_fwd<false>(out, lse, q, k, v, B, T, H, KVH, D);
+}
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
+                        int64_t T, int64_t H, int64_t KVH, int64_t D) {
+  attention_bwd<false>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
+}
+void attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
+                            int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
+  attention_fwd<true>(out, lse, q, k, v, B, T, H, KVH, D);
+}
+void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                             const float* lse, const float* q, const float* k, const float* v,
+                             int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
+  attention_bwd<true>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
 }
 
 void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F) {

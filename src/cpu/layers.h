@@ -43,6 +43,13 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
                         int64_t T, int64_t H, int64_t KVH, int64_t D);
+// The same with bf16 products (P and dS rounded to bf16 as a bf16 PyTorch model does; q, k,
+// v, dout hold bf16 values): only where has_avx512bf16() (gemm.h)
+void attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
+                            int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
+void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                             const float* lse, const float* q, const float* k, const float* v,
+                             int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
 void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F);
 void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, int64_t F);
 double crossentropy_forward(float* lse, const float* logits, const int32_t* targets, int64_t N,

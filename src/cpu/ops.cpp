@@ -98,6 +98,8 @@ const Ops& cpu_ops() {
       cpu::rope_backward,
       cpu::attention_forward,
       cpu::attention_backward,
+      bf16dot ? cpu::attention_forward_bf16 : nullptr,
+      bf16dot ? cpu::attention_backward_bf16 : nullptr,
       cpu::swiglu_forward,
       cpu::swiglu_backward,
       cpu::crossentropy_forward,

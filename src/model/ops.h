@@ -53,6 +53,12 @@ struct Ops {
   void (*attention_backward)(float*, float*, float*, const float*, const float*, const float*,
                              const float*, const float*, const float*, int64_t, int64_t, int64_t,
                              int64_t, int64_t);
+  // Optional (null: attention_*): attention with bf16 products, for bf16 runs
+  void (*attention_forward_bf16)(float*, float*, const float*, const float*, const float*, int64_t,
+                                 int64_t, int64_t, int64_t, int64_t);
+  void (*attention_backward_bf16)(float*, float*, float*, const float*, const float*, const float*,
+                                  const float*, const float*, const float*, int64_t, int64_t,
+                                  int64_t, int64_t, int64_t);
   void (*swiglu_forward)(float*, const float*, int64_t, int64_t);
   void (*swiglu_backward)(float*, const float*, const float*, int64_t, int64_t);
   double (*crossentropy_forward)(float*, const float*, const int32_t*, int64_t, int64_t);

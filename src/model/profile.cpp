@@ -54,6 +54,7 @@ const Ops& profiled(const Ops& inner) {
     TQ_WRAP(qkv_split_forward), TQ_WRAP(qkv_split_backward);
     TQ_WRAP(rope_forward), TQ_WRAP(rope_backward);
     TQ_WRAP(attention_forward), TQ_WRAP(attention_backward);
+    TQ_WRAP(attention_forward_bf16), TQ_WRAP(attention_backward_bf16);
     TQ_WRAP(swiglu_forward), TQ_WRAP(swiglu_backward);
     TQ_WRAP(crossentropy_forward), TQ_WRAP(crossentropy_backward);
     TQ_WRAP(add_inplace), TQ_WRAP(round_bf16_inplace);

@@ -218,7 +218,9 @@ double Qwen3::forward(const Batch& batch) {
     o.rope_forward(a.q, a.q, cos_, sin_, B_, T_, H, D);
     o.rope_forward(a.k, a.k, cos_, sin_, B_, T_, K, D);
     rb(a.q, N * H * D), rb(a.k, N * K * D);
-    o.attention_forward(a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D);
+    const bool bfa = dtype_ == DType::bf16 && o.attention_forward_bf16;
+    (bfa ? o.attention_forward_bf16 : o.attention_forward)(a.att, a.lse, a.q, a.k, a.v, B_, T_, H,
+                                                           K, D);
     rb(a.att, N * H * D);
     linear_forward(tmp_, a.att, w.wo, H * D, C);
     rb(tmp_, N * C);
@@ -282,7 +284,9 @@ void Qwen3::backward() {
     // attention
     linear_backward(datt_, dres_, a.att, w.wo, H * D, C);
     rb(datt_, N * H * D);
-    o.attention_backward(dq_, dk_, dv_, datt_, a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D);
+    const bool bfa = dtype_ == DType::bf16 && o.attention_backward_bf16;
+    (bfa ? o.attention_backward_bf16 : o.attention_backward)(dq_, dk_, dv_, datt_, a.att, a.lse, a.q,
+                                                             a.k, a.v, B_, T_, H, K, D);
     rb(dq_, N * H * D), rb(dk_, N * K * D), rb(dv_, N * K * D);
     o.rope_backward(dq_, dq_, cos_, sin_, B_, T_, H, D);
     o.rope_backward(dk_, dk_, cos_, sin_, B_, T_, K, D);
