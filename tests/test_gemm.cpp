@@ -21,9 +21,9 @@ enum class Layout { kcontig, rcontig, strided };
 
 // A (rows x K) matrix stored in one of the layouts, as fp32 or bf16 bits.
 struct Operand {
-  std::vector<float> f;      // fp32 storage
-  std::vector<uint16_t> h;   // bf16 storage
-  std::vector<double> val;   // the value each (i, k) holds, row-major
+  std::vector<float> f;     // fp32 storage
+  std::vector<uint16_t> h;  // bf16 storage
+  std::vector<double> val;  // the value each (i, k) holds, row-major
   cpu::View view;
 };
 Operand make(int64_t rows, int64_t K, Layout lay, bool bf16src, bool bf16vals, uint32_t seed) {
@@ -31,9 +31,15 @@ Operand make(int64_t rows, int64_t K, Layout lay, bool bf16src, bool bf16vals, u
   const std::vector<double> v = test::randn(size_t(rows * K), seed);
   int64_t rs, ks, size;
   switch (lay) {
-    case Layout::kcontig: rs = K, ks = 1, size = rows * K; break;
-    case Layout::rcontig: rs = 1, ks = rows, size = rows * K; break;
-    default: rs = 3 * K + 1, ks = 2, size = rows * (3 * K + 1); break;  // padded rows, gaps
+    case Layout::kcontig:
+      rs = K, ks = 1, size = rows * K;
+      break;
+    case Layout::rcontig:
+      rs = 1, ks = rows, size = rows * K;
+      break;
+    default:
+      rs = 3 * K + 1, ks = 2, size = rows * (3 * K + 1);
+      break;  // padded rows, gaps
   }
   o.f.assign(size_t(size), 1e30f);  // untouched slots would poison the result
   o.h.assign(size_t(size), f32_to_bf16(1e30f));
@@ -53,9 +59,9 @@ Operand make(int64_t rows, int64_t K, Layout lay, bool bf16src, bool bf16vals, u
 struct Case {
   int64_t M, N, K;
 };
-const Case kCases[] = {{1, 1, 1},    {1, 33, 7},    {5, 17, 3},     {12, 32, 64},  {13, 33, 65},
-                       {32, 256, 256}, {31, 70, 385}, {100, 50, 2},  {24, 800, 40}, {7, 1600, 33},
-                       {40, 64, 1000}, {257, 97, 129}};
+const Case kCases[] = {{1, 1, 1},     {1, 33, 7},     {5, 17, 3},     {12, 32, 64},
+                       {13, 33, 65},  {32, 256, 256}, {31, 70, 385},  {100, 50, 2},
+                       {24, 800, 40}, {7, 1600, 33},  {40, 64, 1000}, {257, 97, 129}};
 
 void run(bool bf16) {
   if (!(bf16 ? cpu::has_avx512bf16() : cpu::has_avx512f()))
@@ -77,8 +83,10 @@ void run(bool bf16) {
               omp_set_num_threads(threads);
               std::vector<float> out(c0.begin(), c0.end());
               gemm(c.M, c.N, c.K, A.view, B.view, out.data(), ldc, acc, 1.0f);
-              if (threads == 2) C = out;
-              else C1 = out;
+              if (threads == 2)
+                C = out;
+              else
+                C1 = out;
             }
             omp_set_num_threads(cpu::threads());
             const std::string what = "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
@@ -101,16 +109,20 @@ void run(bool bf16) {
                   mag += std::fabs(p);
                 }
                 // fp32 sums of exact products, any order: |error| <= (K + 1) u sum |terms|
-                const double bound = double(c.K + 2) * 6e-8 * (mag + (acc ? std::fabs(c0[size_t(m * ldc + n)]) : 0.0));
-                ASSERT_NEAR(got, want, bound + 1e-30)
-                    << what << " at (" << m << ", " << n << ")";
+                const double bound = double(c.K + 2) * 6e-8 *
+                                     (mag + (acc ? std::fabs(c0[size_t(m * ldc + n)]) : 0.0));
+                ASSERT_NEAR(got, want, bound + 1e-30) << what << " at (" << m << ", " << n << ")";
               }
           }
         }
 }
 
-TEST(Gemm, F32MatchesPlainSumsOverShapesAndLayouts) { run(false); }
-TEST(Gemm, Bf16MatchesPlainSumsOverShapesAndLayouts) { run(true); }
+TEST(Gemm, F32MatchesPlainSumsOverShapesAndLayouts) {
+  run(false);
+}
+TEST(Gemm, Bf16MatchesPlainSumsOverShapesAndLayouts) {
+  run(true);
+}
 
 // alpha and the fused SGD step need the whole sum before the store, also when K spans
 // several k blocks (partial sums kept per thread): against plain sums, both thread counts.

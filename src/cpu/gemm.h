@@ -14,8 +14,8 @@ namespace tq::cpu {
 
 struct View {
   const void* p;
-  bool bf16;           // element storage: bf16 bits (uint16_t) or fp32
-  int64_t rs, ks;      // element (row i, k) at p[i * rs + k * ks]
+  bool bf16;       // element storage: bf16 bits (uint16_t) or fp32
+  int64_t rs, ks;  // element (row i, k) at p[i * rs + k * ks]
 };
 
 bool has_avx512f();

@@ -2,12 +2,14 @@
 // this file free of inline library templates (std::min, containers), whose AVX-512 copies
 // the linker could pick for the rest of the program and run on CPUs without AVX-512.
 //
-// Blocking (BLIS order): for each block of NC columns of B and KC k-slots, A[:, slots] and
-// B[block, slots] are packed into panels of MR rows / NR columns (one 32-bit slot = one fp32
-// k, or a bf16 pair of k's, row by row: panel[s][r]), then every MR x NR tile of C is one
-// micro-kernel call: 2 x MR accumulators of 16 lanes, one broadcast of A and two vector
-// loads of B per slot. Packing and tiles are split over the threads; each tile is summed by
-// one thread in slot order, so results do not depend on the thread count.
+// Blocking (BLIS order): each thread owns a band of C and, for each block of NC columns and
+// KC k-slots, packs B[block, slots] and then A[MC rows, slots] into panels of NR columns /
+// MR rows (one 32-bit slot = one fp32 k, or a bf16 pair of k's, stored panel[s][r]); every
+// MR x NR tile of C is one micro-kernel call: 2 x MR accumulators of 16 lanes, one
+// broadcast of A and two vector loads of B per slot. Each tile is summed by one thread in
+// slot order, so results do not depend on the thread count. With few rows (W1's 32 tokens)
+// the weights stream from DRAM: B panels are packed as they are used while the next one is
+// prefetched into L2 across the current sums, and C tiles are prefetched ahead.
 // GCC 12's AVX-512 headers trip -Wuninitialized on their own _mm512_undefined_* (GCC PR 105593).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -29,6 +31,7 @@ constexpr int MR = 12, NR = 32;  // 24 accumulators + 2 B vectors + broadcasts: 
 constexpr int64_t KCMAX = 256;   // slots per k block: B panel <= 32 KiB (L1), A panel 12 KiB
 constexpr int64_t NC = 3072;     // columns per block: packed B <= 3 MiB (L3)
 constexpr int64_t MC = 144;      // rows per block: packed A <= 144 KiB (L2)
+constexpr int64_t SCMAX = 2048;  // slots of a scaled sum done as one k block
 
 inline int64_t lo(int64_t a, int64_t b) {
   return a < b ? a : b;
@@ -105,10 +108,9 @@ inline __m512i load_slots(const View& v, int64_t i, int64_t k, int64_t K) {
   }
   const __mmask16 m = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
   if (v.bf16)
-    return _mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
-            m, static_cast<const uint16_t*>(v.p) + i * v.rs + k)),
-        16);
+    return _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
+                                 m, static_cast<const uint16_t*>(v.p) + i * v.rs + k)),
+                             16);
   return _mm512_maskz_loadu_epi32(m, static_cast<const float*>(v.p) + i * v.rs + k);
 }
 
@@ -150,8 +152,8 @@ void pack_kcontig(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t
       __m512i t[16];
       for (int r = 0; r < 16; ++r) {
         const int64_t i = r0 + rg + r;
-        t[r] = r < nr && i < rows ? load_slots<BF>(v, i, (s0 + s) * per, K)
-                                  : _mm512_setzero_si512();
+        t[r] =
+            r < nr && i < rows ? load_slots<BF>(v, i, (s0 + s) * per, K) : _mm512_setzero_si512();
       }
       transpose16(t);
       const int64_t ns = lo(16, S - s);
@@ -163,10 +165,10 @@ void pack_kcontig(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t
 // 16 consecutive rows of element k (rows contiguous, rs == 1), as fp32 bits.
 inline __m512 load_rows_f32(const View& v, int64_t i, int64_t k, __mmask16 m) {
   if (v.bf16)
-    return _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(
-            _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(v.p) + i + k * v.ks)),
-        16));
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
+                              m, static_cast<const uint16_t*>(v.p) + i + k * v.ks)),
+                          16));
   return _mm512_maskz_loadu_ps(m, static_cast<const float*>(v.p) + i + k * v.ks);
 }
 
@@ -222,7 +224,8 @@ int panel_lines(const char** out, int cap, const View& v, int64_t rows, int64_t 
   int n = 0;
   if (v.ks == 1) {
     for (int64_t r = r0; r < lo(rows, r0 + R); ++r)
-      for (int64_t b = 0; b < (k1 - k0) * es && n < cap; b += 64) out[n++] = p + (r * v.rs + k0) * es + b;
+      for (int64_t b = 0; b < (k1 - k0) * es && n < cap; b += 64)
+        out[n++] = p + (r * v.rs + k0) * es + b;
   } else if (v.rs == 1 && r0 < rows) {
     const int64_t span = (lo(rows, r0 + R) - r0) * es;
     for (int64_t k = k0; k < k1; ++k)
@@ -246,7 +249,8 @@ inline __m512 round_bf16(__m512 x) {
   const __m512i bias = _mm512_add_epi32(
       _mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
   __m512i r = _mm512_add_epi32(u, bias);
-  r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x400000));
+  r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), u,
+                           _mm512_set1_epi32(0x400000));
   return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(int(0xffff0000u))));
 }
 inline __m512 load_bf16(const uint16_t* p, __mmask16 m) {
@@ -254,7 +258,8 @@ inline __m512 load_bf16(const uint16_t* p, __mmask16 m) {
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
 inline void store_bf16(uint16_t* p, __mmask16 m, __m512 x) {  // x already a bf16 value
-  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
+  _mm256_mask_storeu_epi16(p, m,
+                           _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
 }
 // The optax bf16 SGD step on one weight vector w given its gradient sum g (fp32):
 // bf16(w + bf16(step * bf16(0 + g))), step = bf16(-lr) -- sgd_update_bf16 in cpu/ops.cpp.
@@ -270,7 +275,9 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
            int64_t ldc, int mr, int nr, bool acc, float alpha, const float* init = nullptr,
            int64_t ldi = 0, const char* const* pf = nullptr, int npf = 0) {
   const __mmask16 m0 = nr >= 16 ? __mmask16(0xffff) : __mmask16((1u << nr) - 1);
-  const __mmask16 m1 = nr >= 32 ? __mmask16(0xffff) : nr > 16 ? __mmask16((1u << (nr - 16)) - 1) : 0;
+  const __mmask16 m1 = nr >= 32  ? __mmask16(0xffff)
+                       : nr > 16 ? __mmask16((1u << (nr - 16)) - 1)
+                                 : 0;
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 12
   for (int r = 0; r < MR; ++r) {
@@ -340,7 +347,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           float alpha) {
   if (M <= 0 || N <= 0) return;
   const int64_t S = BF ? (K + 1) / 2 : K;  // slots
-  if (S == 0) {                             // empty sum
+  if (S == 0) {                            // empty sum
     if (!accumulate)
       for (int64_t m = 0; m < M; ++m) std::memset(C + m * ldc, 0, size_t(N) * 4);
     return;
@@ -348,9 +355,14 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   // With alpha or the SGD step, the sum must be whole before the store: when it spans k
   // blocks, each C block is finished over all of them (partial sums in a per-thread fp32
   // block) before the next, at the price of packing B again for every block of rows.
-  const int64_t KCB = kc_for(S);
-  const bool finish = (alpha != 1.0f || SGD16) && S > KCB;
-  const int64_t per_thread = (MC + NC) * KCB + (finish ? MC * NC : 0);
+  // A scaled sum up to SCMAX slots (the fused SGD over 2048 tokens) is one k block: measured
+  // faster than finishing C blocks over several; NC shrinks to keep packed B within 4 MiB.
+  const bool scaled = alpha != 1.0f || SGD16;
+  const int64_t KCB = scaled && S <= SCMAX ? S : kc_for(S);
+  const int64_t panels = (int64_t(1) << 20) / KCB / NR,
+                NCB = lo(NC, (panels > 0 ? panels : 1) * NR);
+  const bool finish = scaled && S > KCB;
+  const int64_t per_thread = (MC + NCB) * KCB + (finish ? MC * NCB : 0);
   // Called from inside a parallel loop (attention's blocks): this thread does it all, without
   // the cost of entering a nested region.
   const bool serial = omp_in_parallel() || omp_get_max_threads() == 1;
@@ -368,12 +380,12 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       m0 = lo(M, mp * t / nt * MR), m1 = lo(M, mp * (t + 1) / nt * MR);
     }
     uint32_t* Bp = ws + per_thread * t;
-    uint32_t* Ap = Bp + NC * KCB;
-    float* Tp = reinterpret_cast<float*>(Ap + MC * KCB);  // [MC, NC] partial sums (finish)
+    uint32_t* Ap = Bp + NCB * KCB;
+    float* Tp = reinterpret_cast<float*>(Ap + MC * KCB);  // [MC, NCB] partial sums (finish)
     constexpr int kLines = 2048;
     const char* lines[kLines];
-    for (int64_t jc = n0; jc < n1; jc += NC) {
-      const int64_t nc = lo(NC, n1 - jc);
+    for (int64_t jc = n0; jc < n1; jc += NCB) {
+      const int64_t nc = lo(NCB, n1 - jc);
       for (int64_t icf = m0; icf < (finish ? m1 : m0 + 1); icf += MC)  // finish: rows outside
         for (int64_t pc = 0; pc < S; pc += KCB) {
           const int64_t kc = lo(KCB, S - pc);
@@ -395,21 +407,22 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
                 if (jr + NR < nc)
                   npf = panel_lines<BF>(lines, kLines, B, N, K, jc + jr + NR, NR, pc, kc);
                 else if (!last)  // the next k block's first panel
-                  npf = panel_lines<BF>(lines, kLines, B, N, K, jc, NR, pc + kc, lo(KCB, S - pc - kc));
+                  npf = panel_lines<BF>(lines, kLines, B, N, K, jc, NR, pc + kc,
+                                        lo(KCB, S - pc - kc));
               }
               const int per_tile = int((npf + (mc + MR - 1) / MR - 1) / ((mc + MR - 1) / MR));
               for (int64_t ir = 0; ir < mc; ir += MR) {
                 const int mr = int(lo(MR, mc - ir)), nr = int(lo(NR, nc - jr));
                 const uint32_t *a = Ap + ir * kc, *b = Bp + jr * kc;
                 float* c = tile<SGD16>(C, (ic + ir) * ldc + jc + jr);
-                float* tp = Tp + ir * NC + jr;
+                float* tp = Tp + ir * NCB + jr;
                 {  // C of the tile four ahead (short sums leave DRAM latency exposed)
                   int64_t pi = ir + 4 * MR, pj = jr;
                   if (pi >= mt) pi -= mt, pj += NR;
                   if (pj < nc && pi < mc)
                     for (int r = 0; r < int(lo(MR, mc - pi)); ++r) {
-                      const char* cr =
-                          reinterpret_cast<const char*>(tile<SGD16>(C, (ic + pi + r) * ldc + jc + pj));
+                      const char* cr = reinterpret_cast<const char*>(
+                          tile<SGD16>(C, (ic + pi + r) * ldc + jc + pj));
                       _mm_prefetch(cr, _MM_HINT_T0);
                       _mm_prefetch(cr + (SGD16 ? 63 : 127), _MM_HINT_T0);
                     }
@@ -421,9 +434,9 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
                   micro<BF, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate || pc > 0,
                                    last ? alpha : 1.0f, nullptr, 0, pf, np);
                 else if (!last)
-                  micro<BF>(kc, a, b, tp, NC, mr, nr, pc > 0, 1.0f, nullptr, 0, pf, np);
+                  micro<BF>(kc, a, b, tp, NCB, mr, nr, pc > 0, 1.0f, nullptr, 0, pf, np);
                 else
-                  micro<BF, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate, alpha, tp, NC, pf, np);
+                  micro<BF, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate, alpha, tp, NCB, pf, np);
               }
             }
           }

@@ -31,8 +31,10 @@ static inline float vexp(float x) {
   p = std::fma(p, r, 5.0000001201e-1f);
   p = std::fma(p * r, r, r) + 1.0f;
   // 2^n as two factors: n reaches 128 just below the overflow bound
-  const int32_t n1 = int32_t(std::clamp(n, -128.0f, 128.0f)) / 2, n2 = int32_t(std::clamp(n, -128.0f, 128.0f)) - n1;
-  const float y = p * std::bit_cast<float>((n1 + 127) << 23) * std::bit_cast<float>((n2 + 127) << 23);
+  const int32_t n1 = int32_t(std::clamp(n, -128.0f, 128.0f)) / 2,
+                n2 = int32_t(std::clamp(n, -128.0f, 128.0f)) - n1;
+  const float y =
+      p * std::bit_cast<float>((n1 + 127) << 23) * std::bit_cast<float>((n2 + 127) << 23);
   return x < -87.33654f ? 0.0f : x > 88.72283f ? INFINITY : x != x ? x : y;
 }
 float exp_for_tests(float x) {
@@ -107,16 +109,26 @@ static bool generic_requested() {
   return e && std::strcmp(e, "generic") == 0;
 }
 #ifdef TQ_NO_AVX512
-bool has_avx512f() { return false; }
-bool has_avx512bf16() { return false; }
-void gemm_f32(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float) { std::abort(); }
-void gemm_bf16(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float) { std::abort(); }
-void gemm_bf16_sgd(int64_t, int64_t, int64_t, View, View, uint16_t*, int64_t, float) { std::abort(); }
+bool has_avx512f() {
+  return false;
+}
+bool has_avx512bf16() {
+  return false;
+}
+void gemm_f32(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float) {
+  std::abort();
+}
+void gemm_bf16(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float) {
+  std::abort();
+}
+void gemm_bf16_sgd(int64_t, int64_t, int64_t, View, View, uint16_t*, int64_t, float) {
+  std::abort();
+}
 #else
 bool has_avx512f() {
   static const bool yes = !generic_requested() && __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512dq");
+                          __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   return yes;
 }
 bool has_avx512bf16() {
@@ -158,8 +170,8 @@ void matmul_backward_bf16w(float* dx, float* dW, const float* dout, const float*
   gemm_bf16(N, IC, OC, {dout, false, OC, 1}, {W, true, 1, IC}, dx, IC, false);
   gemm_bf16(OC, IC, N, {dout, false, 1, OC}, {x, false, 1, IC}, dW, IC, true);
 }
-void matmul_backward_sgd_bf16w(float* dx, uint16_t* W, const float* dout, const float* x,
-                               int64_t N, int64_t IC, int64_t OC, float lr) {
+void matmul_backward_sgd_bf16w(float* dx, uint16_t* W, const float* dout, const float* x, int64_t N,
+                               int64_t IC, int64_t OC, float lr) {
   gemm_bf16(N, IC, OC, {dout, false, OC, 1}, {W, true, 1, IC}, dx, IC, false);
   gemm_bf16_sgd(OC, IC, N, {dout, false, 1, OC}, {x, false, 1, IC}, W, IC, lr);
 }
@@ -226,8 +238,8 @@ static void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
                   int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (BF || has_avx512f())
     return (BF ? gemm_bf16 : gemm_f32)(M, N, K, {A, false, ta ? 1 : lda, ta ? lda : 1},
-                                       {B, false, tb ? ldb : 1, tb ? 1 : ldb}, C, ldc,
-                                       beta != 0.0f, alpha);
+                                       {B, false, tb ? ldb : 1, tb ? 1 : ldb}, C, ldc, beta != 0.0f,
+                                       alpha);
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M),
               int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
@@ -252,8 +264,8 @@ static void block_probs(float* s, const float* qp, const float* kp, int64_t i0, 
                         int64_t e, int64_t ldq, int64_t ldk, int64_t D, float* lse_new,
                         const float* lse_old) {
   const float scale = 1.0f / std::sqrt(float(D));
-  sgemm<BF>(false, true, int(m), int(e), int(D), scale, qp, int(ldq),
-              kp, int(ldk), 0.0f, s, int(e));
+  sgemm<BF>(false, true, int(m), int(e), int(D), scale, qp, int(ldq), kp, int(ldk), 0.0f, s,
+            int(e));
   for (int64_t r = 0; r < m; ++r) {
     float* row = s + r * e;
     const int64_t n = i0 + r + 1;  // keys 0..i visible
@@ -290,9 +302,9 @@ static void attention_fwd(float* out, float* lse, const float* q, const float* k
           const float* vp = v + (b * T * KVH + h / G) * D;
           const int64_t row0 = ((b * T + i0) * H + h) * D;  // query row i0 + r at + r*H*D
           block_probs<BF>(s.data(), q + row0, kp, i0, m, e, H * D, KVH * D, D,
-                      lse + (b * H + h) * T + i0, nullptr);
-          sgemm<BF>(false, false, int(m), int(D), int(e), 1.0f,
-                      s.data(), int(e), vp, int(KVH * D), 0.0f, out + row0, int(H * D));
+                          lse + (b * H + h) * T + i0, nullptr);
+          sgemm<BF>(false, false, int(m), int(D), int(e), 1.0f, s.data(), int(e), vp, int(KVH * D),
+                    0.0f, out + row0, int(H * D));
         }
   }
 }
@@ -320,12 +332,12 @@ static void attention_bwd(float* dq, float* dk, float* dv, const float* dout, co
             const int64_t i0 = qb * kQB, m = std::min(kQB, T - i0), e = i0 + m;
             const int64_t row0 = ((b * T + i0) * H + h) * D;
             block_probs<BF>(p.data(), q + row0, k + kv0, i0, m, e, ldq, ldk, D, nullptr,
-                        lse + (b * H + h) * T + i0);
+                            lse + (b * H + h) * T + i0);
             // dV += Pᵀ dO;  dP = dO Vᵀ
-            sgemm<BF>(true, false, int(e), int(D), int(m), 1.0f,
-                        p.data(), int(e), dout + row0, int(ldq), 1.0f, dv + kv0, int(ldk));
-            sgemm<BF>(false, true, int(m), int(e), int(D), 1.0f,
-                        dout + row0, int(ldq), v + kv0, int(ldk), 0.0f, ds.data(), int(e));
+            sgemm<BF>(true, false, int(e), int(D), int(m), 1.0f, p.data(), int(e), dout + row0,
+                      int(ldq), 1.0f, dv + kv0, int(ldk));
+            sgemm<BF>(false, true, int(m), int(e), int(D), 1.0f, dout + row0, int(ldq), v + kv0,
+                      int(ldk), 0.0f, ds.data(), int(e));
             // dS = P (dP - rowsum(dO O)) scale; masked entries have P = 0
             for (int64_t r = 0; r < m; ++r) {
               const float d = dot(dout + row0 + r * ldq, out + row0 + r * ldq, D);
@@ -333,10 +345,10 @@ static void attention_bwd(float* dq, float* dk, float* dv, const float* dout, co
               for (int64_t j = 0; j < e; ++j) dsr[j] = pr[j] * (dsr[j] - d) * scale;
             }
             // dQ = dS K;  dK += dSᵀ Q
-            sgemm<BF>(false, false, int(m), int(D), int(e), 1.0f,
-                        ds.data(), int(e), k + kv0, int(ldk), 0.0f, dq + row0, int(ldq));
-            sgemm<BF>(true, false, int(e), int(D), int(m), 1.0f,
-                        ds.data(), int(e), q + row0, int(ldq), 1.0f, dk + kv0, int(ldk));
+            sgemm<BF>(false, false, int(m), int(D), int(e), 1.0f, ds.data(), int(e), k + kv0,
+                      int(ldk), 0.0f, dq + row0, int(ldq));
+            sgemm<BF>(true, false, int(e), int(D), int(m), 1.0f, ds.data(), int(e), q + row0,
+                      int(ldq), 1.0f, dk + kv0, int(ldk));
           }
       }
   }

@@ -6,7 +6,7 @@
 
 namespace tq::cpu {
 
-void set_threads(int n);  // OpenMP and BLAS
+void set_threads(int n);       // OpenMP and BLAS
 float exp_for_tests(float x);  // the vectorizable exp the softmaxes and SwiGLU use
 int threads();
 
@@ -28,8 +28,8 @@ void matmul_backward_bf16w(float* dx, float* dW, const float* dout, const float*
 // only where has_avx512f() / has_avx512bf16() (gemm.h)
 void matmul_backward_sgd(float* dx, float* W, const float* dout, const float* x, int64_t N,
                          int64_t IC, int64_t OC, float lr);
-void matmul_backward_sgd_bf16w(float* dx, uint16_t* W, const float* dout, const float* x,
-                               int64_t N, int64_t IC, int64_t OC, float lr);
+void matmul_backward_sgd_bf16w(float* dx, uint16_t* W, const float* dout, const float* x, int64_t N,
+                               int64_t IC, int64_t OC, float lr);
 void qkv_split_forward(float* q, float* k, float* v, const float* qkv, int64_t N, int64_t H,
                        int64_t KVH, int64_t D);
 void qkv_split_backward(float* dqkv, const float* dq, const float* dk, const float* dv, int64_t N,

@@ -36,10 +36,10 @@ struct Ops {
   // Optional (null: matmul_backward + sgd_update_*): matmul_backward whose weight takes its
   // SGD step inside the weight-gradient product, for weights with one gradient contribution.
   // dx uses the weight before the step; no gradient is written.
-  void (*matmul_backward_sgd)(float*, float*, const float*, const float*, int64_t, int64_t,
-                              int64_t, float);
-  void (*matmul_backward_sgd_bf16w)(float*, uint16_t*, const float*, const float*, int64_t,
-                                    int64_t, int64_t, float);
+  void (*matmul_backward_sgd)(float*, float*, const float*, const float*, int64_t, int64_t, int64_t,
+                              float);
+  void (*matmul_backward_sgd_bf16w)(float*, uint16_t*, const float*, const float*, int64_t, int64_t,
+                                    int64_t, float);
   void (*qkv_split_forward)(float*, float*, float*, const float*, int64_t, int64_t, int64_t,
                             int64_t);
   void (*qkv_split_backward)(float*, const float*, const float*, const float*, int64_t, int64_t,

@@ -15,7 +15,7 @@ struct KernelTime {
   long calls;
 };
 
-const Ops& profiled(const Ops& inner);  // one profiled backend per process
+const Ops& profiled(const Ops& inner);   // one profiled backend per process
 std::vector<KernelTime> kernel_times();  // since the last reset, largest first
 void reset_kernel_times();
 

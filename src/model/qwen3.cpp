@@ -285,8 +285,8 @@ void Qwen3::backward() {
     linear_backward(datt_, dres_, a.att, w.wo, H * D, C);
     rb(datt_, N * H * D);
     const bool bfa = dtype_ == DType::bf16 && o.attention_backward_bf16;
-    (bfa ? o.attention_backward_bf16 : o.attention_backward)(dq_, dk_, dv_, datt_, a.att, a.lse, a.q,
-                                                             a.k, a.v, B_, T_, H, K, D);
+    (bfa ? o.attention_backward_bf16 : o.attention_backward)(dq_, dk_, dv_, datt_, a.att, a.lse,
+                                                             a.q, a.k, a.v, B_, T_, H, K, D);
     rb(dq_, N * H * D), rb(dk_, N * K * D), rb(dv_, N * K * D);
     o.rope_backward(dq_, dq_, cos_, sin_, B_, T_, H, D);
     o.rope_backward(dk_, dk_, cos_, sin_, B_, T_, K, D);
