@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/common.h"
+#include "cpu/gemm.h"
 #include "cpu/layers.h"
 #include "io/checkpoint.h"
 #include "io/export.h"
@@ -47,12 +48,11 @@ std::string with_commas(int64_t v) {
   return r;
 }
 
+// Which matmul kernels this run uses (cpu/gemm.h checks the CPU and TQ_CPU=generic).
 std::string cpu_isa() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512bf16")) return "avx512_bf16";
-  if (__builtin_cpu_supports("avx512f")) return "avx512";
-  if (__builtin_cpu_supports("avx2")) return "avx2";
-  return "sse";
+  if (cpu::has_avx512bf16()) return "avx512_bf16 kernels";
+  if (cpu::has_avx512f()) return "avx512 kernels, bf16 weights widened to fp32";
+  return "OpenBLAS kernels";
 }
 
 double available_memory_bytes() {
