@@ -252,25 +252,27 @@ static inline float dot(const float* a, const float* b, int64_t D) {
 }
 
 // Causal attention by blocks of kQB query rows, with S = Q Kᵀ, O = P V and every backward
-// product as a single-threaded sgemm over just the keys the block can see: key blocks the
-// mask hides entirely are never computed (about half of a dense T x T product).
+// product as one single-threaded product over just the keys the block can see: key blocks
+// the mask hides entirely are never computed (about half of a dense T x T product). The G
+// query heads that share a kv head are stacked into one block of G x m rows, so K and V
+// are packed once for all of them.
 constexpr int64_t kQB = 64;
 
-// One query block's probabilities P = softmax(scale Q Kᵀ) (rows i0.., keys 0..e-1) into s,
-// zero where masked; lse_new (forward) receives each row's log-sum-exp, lse_old (backward)
-// is the saved one that P is rebuilt from.
+// Probabilities P = softmax(scale Q Kᵀ) of a stacked block into s [G*m, e]: row g*m + r is
+// head g's query i0 + r (its lse at lse[g*T + r]), zero where masked. lse_new (forward)
+// receives each row's log-sum-exp; lse_old (backward) is the saved one P is rebuilt from.
 template <bool BF>
-static void block_probs(float* s, const float* qp, const float* kp, int64_t i0, int64_t m,
-                        int64_t e, int64_t ldq, int64_t ldk, int64_t D, float* lse_new,
+static void block_probs(float* s, const float* qs, const float* kp, int64_t i0, int64_t m,
+                        int64_t G, int64_t e, int64_t ldk, int64_t D, int64_t T, float* lse_new,
                         const float* lse_old) {
   const float scale = 1.0f / std::sqrt(float(D));
-  sgemm<BF>(false, true, int(m), int(e), int(D), scale, qp, int(ldq), kp, int(ldk), 0.0f, s,
-            int(e));
-  for (int64_t r = 0; r < m; ++r) {
-    float* row = s + r * e;
+  sgemm<BF>(false, true, G * m, e, D, scale, qs, D, kp, ldk, 0.0f, s, e);
+  for (int64_t gr = 0; gr < G * m; ++gr) {
+    const int64_t g = gr / m, r = gr % m;
+    float* row = s + gr * e;
     const int64_t n = i0 + r + 1;  // keys 0..i visible
     if (lse_old) {
-      const float l = lse_old[r];
+      const float l = lse_old[g * T + r];
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) row[j] = vexp(row[j] - l);
     } else {
@@ -280,10 +282,22 @@ static void block_probs(float* s, const float* qp, const float* kp, int64_t i0, 
       for (int64_t j = 0; j < n; ++j) sum += (row[j] = vexp(row[j] - mx));
       const float inv = 1.0f / sum;
       for (int64_t j = 0; j < n; ++j) row[j] *= inv;
-      lse_new[r] = mx + std::log(sum);
+      lse_new[g * T + r] = mx + std::log(sum);
     }
     std::fill(row + n, row + e, 0.0f);
   }
+}
+
+// dst [G*m, D] <- rows i0.. of the G heads of kv head g (x: [B, T, H, D]), or back.
+static void stack_heads(float* dst, const float* x, int64_t m, int64_t G, int64_t H, int64_t D) {
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t r = 0; r < m; ++r)
+      std::memcpy(dst + (g * m + r) * D, x + (r * H + g) * D, D * sizeof(float));
+}
+static void unstack_heads(float* x, const float* src, int64_t m, int64_t G, int64_t H, int64_t D) {
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t r = 0; r < m; ++r)
+      std::memcpy(x + (r * H + g) * D, src + (g * m + r) * D, D * sizeof(float));
 }
 
 template <bool BF>
@@ -292,19 +306,20 @@ static void attention_fwd(float* out, float* lse, const float* q, const float* k
   const int64_t G = H / KVH, nqb = (T + kQB - 1) / kQB;
 #pragma omp parallel
   {
-    std::vector<float> s(kQB * T);
+    std::vector<float> s(G * kQB * T), qs(G * kQB * D), os(G * kQB * D);
 #pragma omp for collapse(3) schedule(dynamic)
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
+      for (int64_t g = 0; g < KVH; ++g)
         for (int64_t qb = 0; qb < nqb; ++qb) {
           const int64_t i0 = qb * kQB, m = std::min(kQB, T - i0), e = i0 + m;
-          const float* kp = k + (b * T * KVH + h / G) * D;  // key row j at kp + j*KVH*D
-          const float* vp = v + (b * T * KVH + h / G) * D;
-          const int64_t row0 = ((b * T + i0) * H + h) * D;  // query row i0 + r at + r*H*D
-          block_probs<BF>(s.data(), q + row0, kp, i0, m, e, H * D, KVH * D, D,
-                          lse + (b * H + h) * T + i0, nullptr);
-          sgemm<BF>(false, false, int(m), int(D), int(e), 1.0f, s.data(), int(e), vp, int(KVH * D),
-                    0.0f, out + row0, int(H * D));
+          const float* kp = k + (b * T * KVH + g) * D;  // key row j at kp + j*KVH*D
+          const float* vp = v + (b * T * KVH + g) * D;
+          const int64_t row0 = ((b * T + i0) * H + g * G) * D;  // head g*G's query i0
+          stack_heads(qs.data(), q + row0, m, G, H, D);
+          block_probs<BF>(s.data(), qs.data(), kp, i0, m, G, e, KVH * D, D, T,
+                          lse + (b * H + g * G) * T + i0, nullptr);
+          sgemm<BF>(false, false, G * m, D, e, 1.0f, s.data(), e, vp, KVH * D, 0.0f, os.data(), D);
+          unstack_heads(out + row0, os.data(), m, G, H, D);
         }
   }
 }
@@ -318,38 +333,40 @@ static void attention_bwd(float* dq, float* dk, float* dv, const float* dout, co
   // One task per (sequence, kv head): it owns that head's dk/dv rows, so no races.
 #pragma omp parallel
   {
-    std::vector<float> p(kQB * T), ds(kQB * T);
+    std::vector<float> p(G * kQB * T), ds(G * kQB * T), qs(G * kQB * D), dos(G * kQB * D),
+        dqs(G * kQB * D), rowdot(G * kQB);
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t g = 0; g < KVH; ++g) {
-        const int64_t kv0 = (b * T * KVH + g) * D, ldk = KVH * D, ldq = H * D;
+        const int64_t kv0 = (b * T * KVH + g) * D, ldk = KVH * D;
         for (int64_t j = 0; j < T; ++j) {
           std::fill_n(dk + kv0 + j * ldk, D, 0.0f);
           std::fill_n(dv + kv0 + j * ldk, D, 0.0f);
         }
-        for (int64_t h = g * G; h < (g + 1) * G; ++h)
-          for (int64_t qb = 0; qb < nqb; ++qb) {
-            const int64_t i0 = qb * kQB, m = std::min(kQB, T - i0), e = i0 + m;
-            const int64_t row0 = ((b * T + i0) * H + h) * D;
-            block_probs<BF>(p.data(), q + row0, k + kv0, i0, m, e, ldq, ldk, D, nullptr,
-                            lse + (b * H + h) * T + i0);
-            // dV += Pᵀ dO;  dP = dO Vᵀ
-            sgemm<BF>(true, false, int(e), int(D), int(m), 1.0f, p.data(), int(e), dout + row0,
-                      int(ldq), 1.0f, dv + kv0, int(ldk));
-            sgemm<BF>(false, true, int(m), int(e), int(D), 1.0f, dout + row0, int(ldq), v + kv0,
-                      int(ldk), 0.0f, ds.data(), int(e));
-            // dS = P (dP - rowsum(dO O)) scale; masked entries have P = 0
-            for (int64_t r = 0; r < m; ++r) {
-              const float d = dot(dout + row0 + r * ldq, out + row0 + r * ldq, D);
-              float *dsr = ds.data() + r * e, *pr = p.data() + r * e;
-              for (int64_t j = 0; j < e; ++j) dsr[j] = pr[j] * (dsr[j] - d) * scale;
-            }
-            // dQ = dS K;  dK += dSᵀ Q
-            sgemm<BF>(false, false, int(m), int(D), int(e), 1.0f, ds.data(), int(e), k + kv0,
-                      int(ldk), 0.0f, dq + row0, int(ldq));
-            sgemm<BF>(true, false, int(e), int(D), int(m), 1.0f, ds.data(), int(e), q + row0,
-                      int(ldq), 1.0f, dk + kv0, int(ldk));
+        for (int64_t qb = 0; qb < nqb; ++qb) {
+          const int64_t i0 = qb * kQB, m = std::min(kQB, T - i0), e = i0 + m, M = G * m;
+          const int64_t row0 = ((b * T + i0) * H + g * G) * D;
+          stack_heads(qs.data(), q + row0, m, G, H, D);
+          stack_heads(dos.data(), dout + row0, m, G, H, D);
+          for (int64_t gr = 0; gr < M; ++gr)  // rowsum(dO O) per stacked row
+            rowdot[gr] = dot(dos.data() + gr * D, out + row0 + ((gr % m) * H + gr / m) * D, D);
+          block_probs<BF>(p.data(), qs.data(), k + kv0, i0, m, G, e, ldk, D, T, nullptr,
+                          lse + (b * H + g * G) * T + i0);
+          // dV += Pᵀ dO;  dP = dO Vᵀ
+          sgemm<BF>(true, false, e, D, M, 1.0f, p.data(), e, dos.data(), D, 1.0f, dv + kv0, ldk);
+          sgemm<BF>(false, true, M, e, D, 1.0f, dos.data(), D, v + kv0, ldk, 0.0f, ds.data(), e);
+          // dS = P (dP - rowsum(dO O)) scale; masked entries have P = 0
+          for (int64_t gr = 0; gr < M; ++gr) {
+            const float d = rowdot[gr];
+            float *dsr = ds.data() + gr * e, *pr = p.data() + gr * e;
+#pragma omp simd
+            for (int64_t j = 0; j < e; ++j) dsr[j] = pr[j] * (dsr[j] - d) * scale;
           }
+          // dQ = dS K;  dK += dSᵀ Q
+          sgemm<BF>(false, false, M, D, e, 1.0f, ds.data(), e, k + kv0, ldk, 0.0f, dqs.data(), D);
+          unstack_heads(dq + row0, dqs.data(), m, G, H, D);
+          sgemm<BF>(true, false, e, D, M, 1.0f, ds.data(), e, qs.data(), D, 1.0f, dk + kv0, ldk);
+        }
       }
   }
 }
