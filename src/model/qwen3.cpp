@@ -109,9 +109,7 @@ Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& op
     for (const ParamLayout::Layer& w : layout_.layers)
       matrix |= v.offset == w.wqkv || v.offset == w.wo || v.offset == w.w1 || v.offset == w.w3 ||
                 v.offset == w.w2;
-    const bool can = dtype == DType::f32 ? ops.matmul_backward_sgd != nullptr
-                                         : ops.matmul_backward_sgd_bf16w != nullptr;
-    if (matrix && can) continue;
+    if (matrix && can_fuse_) continue;
     if (!unfused_.empty() && unfused_.back().first + unfused_.back().second == v.offset)
       unfused_.back().second += v.numel;
     else
@@ -175,9 +173,7 @@ void Qwen3::linear_forward(float* out, const float* x, size_t off, int64_t IC, i
   ops_.matmul_forward(out, x, weight(off, IC * OC), N_, IC, OC);
 }
 bool Qwen3::fused(size_t off) const {
-  if (fuse_lr_ <= 0 || off == layout_.tok_emb) return false;  // a tied head: two contributions
-  return dtype_ == DType::f32 ? ops_.matmul_backward_sgd != nullptr
-                              : ops_.matmul_backward_sgd_bf16w != nullptr;
+  return can_fuse_ && fuse_lr_ > 0 && off != layout_.tok_emb;  // a tied head: two contributions
 }
 void Qwen3::linear_backward(float* dx, const float* dout, const float* x, size_t off, int64_t IC,
                             int64_t OC) {

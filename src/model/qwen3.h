@@ -83,6 +83,9 @@ class Qwen3 {
   DType dtype_;
   int64_t B_, T_, N_;
   const Ops& ops_;
+  // the backend steps this dtype's matrices inside backward (declared after dtype_, ops_)
+  const bool can_fuse_ = dtype_ == DType::f32 ? ops_.matmul_backward_sgd != nullptr
+                                              : ops_.matmul_backward_sgd_bf16w != nullptr;
   void *params_, *grads_;  // float or uint16_t (bf16) [layout_.total]
   float *acts_, *scratch_;
   float *wbuf_ = nullptr, *gbuf_ = nullptr;  // bf16 mode: [largest parameter]
