@@ -137,24 +137,29 @@ bool has_avx512bf16() {
 }
 #endif
 
+// Row-major C[M, N] = alpha op(A) op(B) + beta C (beta 0 or 1): the linear layers, and
+// attention's blocks from inside its parallel loops (our products then run on the calling
+// thread).
+// BF: operands rounded to bf16, fp32 sums (bf16 runs, on CPUs with AVX-512 BF16).
+template <bool BF = false>
+static void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (BF || has_avx512f())
+    return (BF ? gemm_bf16 : gemm_f32)(M, N, K, {A, false, ta ? 1 : lda, ta ? lda : 1},
+                                       {B, false, tb ? ldb : 1, tb ? 1 : ldb}, C, ldc, beta != 0.0f,
+                                       alpha);
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M),
+              int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+
 // out[N, OC] = x[N, IC] W[OC, IC]^T;  dx[N, IC] = dout[N, OC] W;  dW[OC, IC] += dout^T x
 void matmul_forward(float* out, const float* x, const float* W, int64_t N, int64_t IC, int64_t OC) {
-  if (has_avx512f())
-    return gemm_f32(N, OC, IC, {x, false, IC, 1}, {W, false, IC, 1}, out, OC, false);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, x, IC, W, IC, 0.0f, out,
-              OC);
+  sgemm(false, true, N, OC, IC, 1.0f, x, IC, W, IC, 0.0f, out, OC);
 }
 void matmul_backward(float* dx, float* dW, const float* dout, const float* x, const float* W,
                      int64_t N, int64_t IC, int64_t OC) {
-  if (has_avx512f()) {
-    gemm_f32(N, IC, OC, {dout, false, OC, 1}, {W, false, 1, IC}, dx, IC, false);
-    gemm_f32(OC, IC, N, {dout, false, 1, OC}, {x, false, 1, IC}, dW, IC, true);
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, W, IC, 0.0f, dx,
-              IC);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, x, IC, 1.0f, dW,
-              IC);
+  sgemm(false, false, N, IC, OC, 1.0f, dout, OC, W, IC, 0.0f, dx, IC);
+  sgemm(true, false, OC, IC, N, 1.0f, dout, OC, x, IC, 1.0f, dW, IC);
 }
 void matmul_backward_sgd(float* dx, float* W, const float* dout, const float* x, int64_t N,
                          int64_t IC, int64_t OC, float lr) {
@@ -228,20 +233,6 @@ void rope_forward(float* out, const float* x, const float* cos, const float* sin
 void rope_backward(float* dx, const float* dout, const float* cos, const float* sin, int64_t B,
                    int64_t T, int64_t NH, int64_t D) {
   rope_apply(dx, dout, cos, sin, B, T, NH, D, -1.0f);
-}
-
-// Row-major C[M, N] = alpha op(A) op(B) + beta C (beta 0 or 1) for attention's blocks,
-// called from inside its parallel loops (our products then run on the calling thread).
-// BF: operands rounded to bf16, fp32 sums (bf16 runs, on CPUs with AVX-512 BF16).
-template <bool BF = false>
-static void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (BF || has_avx512f())
-    return (BF ? gemm_bf16 : gemm_f32)(M, N, K, {A, false, ta ? 1 : lda, ta ? lda : 1},
-                                       {B, false, tb ? ldb : 1, tb ? 1 : ldb}, C, ldc, beta != 0.0f,
-                                       alpha);
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M),
-              int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
 
 static inline float dot(const float* a, const float* b, int64_t D) {
