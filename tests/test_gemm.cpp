@@ -1,12 +1,13 @@
-// Our AVX-512 products (src/cpu/gemm.h) against a plain double-precision sum, over many
-// shapes (odd, smaller and larger than a tile or block), every operand layout the model uses
-// plus a general strided one, fp32 and bf16 sources, overwrite and accumulate; results must
-// not depend on the thread count.
+// Our packed products (src/cpu/gemm.h), every kernel set this CPU can run (AVX2, AVX-512),
+// against a plain double-precision sum, over many shapes (odd, smaller and larger than a
+// tile or block), every operand layout the model uses plus a general strided one, fp32 and
+// bf16 sources, overwrite and accumulate; results must not depend on the thread count.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 #include "core/common.h"
@@ -56,6 +57,23 @@ Operand make(int64_t rows, int64_t K, Layout lay, bool bf16src, bool bf16vals, u
   return o;
 }
 
+// The kernel sets this CPU runs; says which it cannot.
+std::vector<const cpu::GemmSet*> usable_sets() {
+  std::vector<const cpu::GemmSet*> sets;
+  for (cpu::Isa isa : {cpu::Isa::avx2, cpu::Isa::avx512}) {
+    if (const cpu::GemmSet* s = cpu::gemm_set(isa))
+      sets.push_back(s);
+    else
+      std::printf("[ SKIPPED  ] %s kernels: not on this CPU\n",
+                  isa == cpu::Isa::avx2 ? "avx2" : "avx512");
+  }
+  return sets;
+}
+#define FOR_EACH_SET(set)                                                                    \
+  const auto sets_ = usable_sets();                                                          \
+  if (sets_.empty()) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512: OpenBLAS runs"; \
+  for (const cpu::GemmSet* set : sets_)
+
 struct Case {
   int64_t M, N, K;
 };
@@ -63,11 +81,10 @@ const Case kCases[] = {{1, 1, 1},     {1, 33, 7},     {5, 17, 3},     {12, 32, 6
                        {13, 33, 65},  {32, 256, 256}, {31, 70, 385},  {100, 50, 2},
                        {24, 800, 40}, {7, 1600, 33},  {40, 64, 1000}, {257, 97, 129}};
 
-void run(bool bf16) {
-  if (!(bf16 ? cpu::has_avx512bf16() : cpu::has_avx512f()))
-    GTEST_SKIP() << "this CPU lacks AVX-512" << (bf16 ? " BF16" : "") << ": the OpenBLAS path runs";
-  const auto gemm = bf16 ? cpu::gemm_bf16 : cpu::gemm_f32;
+void run_set(const cpu::GemmSet& set, bool bf16) {
+  const auto gemm = bf16 ? set.bf16 : set.f32;
   uint32_t seed = 1;
+
   for (const Case& c : kCases)
     for (Layout la : {Layout::kcontig, Layout::rcontig, Layout::strided})
       for (Layout lb : {Layout::kcontig, Layout::rcontig, Layout::strided})
@@ -89,11 +106,11 @@ void run(bool bf16) {
                 C1 = out;
             }
             omp_set_num_threads(cpu::threads());
-            const std::string what = "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
-                                     " K=" + std::to_string(c.K) + " layouts " +
-                                     std::to_string(int(la)) + std::to_string(int(lb)) +
-                                     " bf16 sources " + std::to_string(src) +
-                                     (acc ? " accumulate" : "");
+            const std::string what = std::string(set.name) + ": M=" + std::to_string(c.M) +
+                                     " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                                     " layouts " + std::to_string(int(la)) +
+                                     std::to_string(int(lb)) + " bf16 sources " +
+                                     std::to_string(src) + (acc ? " accumulate" : "");
             ASSERT_EQ(C, C1) << what << ": differs between 1 and 2 threads";
             for (int64_t m = 0; m < c.M; ++m)
               for (int64_t n = 0; n < ldc; ++n) {
@@ -117,6 +134,10 @@ void run(bool bf16) {
         }
 }
 
+void run(bool bf16) {
+  FOR_EACH_SET(set) run_set(*set, bf16);
+}
+
 TEST(Gemm, F32MatchesPlainSumsOverShapesAndLayouts) {
   run(false);
 }
@@ -127,59 +148,86 @@ TEST(Gemm, Bf16MatchesPlainSumsOverShapesAndLayouts) {
 // alpha and the fused SGD step need the whole sum before the store, also when K spans
 // several k blocks (partial sums kept per thread): against plain sums, both thread counts.
 TEST(Gemm, ScaledAndSgdStoresSumOverEveryKBlock) {
-  if (!cpu::has_avx512bf16()) GTEST_SKIP() << "this CPU lacks AVX-512 BF16";
-  uint32_t seed = 100;
-  for (int64_t K : {5, 300, 700, 1500})
-    for (int64_t M : {7, 150}) {
-      const int64_t N = 45;
-      const Operand A = make(M, K, Layout::rcontig, false, true, seed++);
-      const Operand B = make(N, K, Layout::rcontig, false, true, seed++);
-      const std::vector<double> w0 = test::randn(size_t(M * N), seed++);
-      std::vector<float> Wf(w0.begin(), w0.end());
-      std::vector<uint16_t> Wh(Wf.size());
-      for (size_t i = 0; i < Wf.size(); ++i) Wh[i] = f32_to_bf16(Wf[i]);
-      const float lr = 0.3f, step = round_bf16(-lr);
-      std::vector<float> F[2];
-      std::vector<uint16_t> H[2];
-      for (int threads : {2, 1}) {
-        omp_set_num_threads(threads);
-        F[threads - 1] = Wf;
-        H[threads - 1] = Wh;
-        cpu::gemm_f32(M, N, K, A.view, B.view, F[threads - 1].data(), N, true, -lr);
-        cpu::gemm_bf16_sgd(M, N, K, A.view, B.view, H[threads - 1].data(), N, lr);
-      }
-      omp_set_num_threads(cpu::threads());
-      ASSERT_EQ(F[0], F[1]) << "K=" << K;
-      ASSERT_EQ(H[0], H[1]) << "K=" << K;
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t n = 0; n < N; ++n) {
-          double g = 0, mag = 0;
-          for (int64_t k = 0; k < K; ++k) {
-            const double p = A.val[size_t(m * K + k)] * B.val[size_t(n * K + k)];
-            g += p;
-            mag += std::fabs(p);
-          }
-          const size_t i = size_t(m * N + n);
-          const double f = double(Wf[i]) - double(lr) * g;
-          ASSERT_NEAR(F[1][i], f, double(K + 2) * 6e-8 * (lr * mag + std::fabs(Wf[i])) + 1e-30)
-              << "fp32 K=" << K << " at " << m << "," << n;
-          // bf16: each of the three roundings may land one bf16 step away
-          const double h = round_bf16(bf16_to_f32(Wh[i]) + round_bf16(step * round_bf16(float(g))));
-          ASSERT_NEAR(bf16_to_f32(H[1][i]), h,
-                      std::ldexp(std::fabs(h) + std::fabs(step * g), -7) + K * 6e-8 * mag * lr)
-              << "bf16 K=" << K << " at " << m << "," << n;
+  FOR_EACH_SET(set) {
+    uint32_t seed = 100;
+    for (int64_t K : {5, 300, 700, 1500})
+      for (int64_t M : {7, 150}) {
+        const int64_t N = 45;
+        const Operand A = make(M, K, Layout::rcontig, false, true, seed++);
+        const Operand B = make(N, K, Layout::rcontig, false, true, seed++);
+        const std::vector<double> w0 = test::randn(size_t(M * N), seed++);
+        std::vector<float> Wf(w0.begin(), w0.end());
+        std::vector<uint16_t> Wh(Wf.size());
+        for (size_t i = 0; i < Wf.size(); ++i) Wh[i] = f32_to_bf16(Wf[i]);
+        const float lr = 0.3f, step = round_bf16(-lr);
+        std::vector<float> F[2];
+        std::vector<uint16_t> H[2];
+        for (int threads : {2, 1}) {
+          omp_set_num_threads(threads);
+          F[threads - 1] = Wf;
+          H[threads - 1] = Wh;
+          set->f32(M, N, K, A.view, B.view, F[threads - 1].data(), N, true, -lr);
+          set->bf16_sgd(M, N, K, A.view, B.view, H[threads - 1].data(), N, lr);
         }
-    }
+        omp_set_num_threads(cpu::threads());
+        ASSERT_EQ(F[0], F[1]) << set->name << " K=" << K;
+        ASSERT_EQ(H[0], H[1]) << set->name << " K=" << K;
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) {
+            double g = 0, mag = 0;
+            for (int64_t k = 0; k < K; ++k) {
+              const double p = A.val[size_t(m * K + k)] * B.val[size_t(n * K + k)];
+              g += p;
+              mag += std::fabs(p);
+            }
+            const size_t i = size_t(m * N + n);
+            const double f = double(Wf[i]) - double(lr) * g;
+            ASSERT_NEAR(F[1][i], f, double(K + 2) * 6e-8 * (lr * mag + std::fabs(Wf[i])) + 1e-30)
+                << set->name << " fp32 K=" << K << " at " << m << "," << n;
+            // bf16: each of the three roundings may land one bf16 step away
+            const double h =
+                round_bf16(bf16_to_f32(Wh[i]) + round_bf16(step * round_bf16(float(g))));
+            ASSERT_NEAR(bf16_to_f32(H[1][i]), h,
+                        std::ldexp(std::fabs(h) + std::fabs(step * g), -7) + K * 6e-8 * mag * lr)
+                << set->name << " bf16 K=" << K << " at " << m << "," << n;
+          }
+      }
+  }
 }
 
-// bf16 operands that are not bf16 values are rounded to nearest even, not truncated.
+// bf16 operands that are not bf16 values are rounded to nearest even, not truncated, on
+// every packing path (k-contiguous, row-contiguous, strided) of every kernel set.
 TEST(Gemm, Bf16RoundsFp32OperandsToNearest) {
-  if (!cpu::has_avx512bf16()) GTEST_SKIP() << "this CPU lacks AVX-512 BF16";
-  const float a = 1.0f + 3.0f / 256.0f;  // between bf16 neighbours 1+2/256 and 1+4/256: ties even
-  const float b = 1.0f;
-  std::vector<float> A = {a}, B = {b}, C = {0};
-  cpu::gemm_bf16(1, 1, 1, {A.data(), false, 1, 1}, {B.data(), false, 1, 1}, C.data(), 1, false);
-  EXPECT_EQ(C[0], round_bf16(a));
+  // ties both ways (1 + 1/256 -> 1, 1 + 3/256 -> 1 + 4/256), either sign, off-tie values
+  const std::vector<float> a = {1.0f + 1.0f / 256,
+                                1.0f + 3.0f / 256,
+                                -(1.0f + 3.0f / 256),
+                                1.0f + 2.5f / 256,
+                                3.14159265f,
+                                1e-3f,
+                                -7.77e5f,
+                                0.1f,
+                                65.4321f};
+  const int64_t n = int64_t(a.size());
+  std::vector<float> eye(size_t(n * n), 0.0f), one = {1.0f}, pad(size_t(n * 200), 0.0f);
+  for (int64_t i = 0; i < n; ++i) eye[size_t(i * n + i)] = 1.0f, pad[size_t(i * 2)] = a[size_t(i)];
+  FOR_EACH_SET(set) {
+    std::vector<float> c0(a.size()), c1(a.size()), c2(a.size());
+    // A as one row of n k's (packed k-contiguous) against the identity: row 0 of C is bf16(a)
+    set->bf16(1, n, n, {a.data(), false, n, 1}, {eye.data(), false, n, 1}, c0.data(), n, false,
+              1.0f);
+    // A as n rows of one k: row-contiguous, then strided
+    set->bf16(n, 1, 1, {a.data(), false, 1, n}, {one.data(), false, 1, 1}, c1.data(), 1, false,
+              1.0f);
+    set->bf16(n, 1, 1, {pad.data(), false, 2, 7}, {one.data(), false, 1, 1}, c2.data(), 1, false,
+              1.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      const float want = round_bf16(a[size_t(i)]);
+      EXPECT_EQ(c0[size_t(i)], want) << set->name << " k-contiguous, value " << a[size_t(i)];
+      EXPECT_EQ(c1[size_t(i)], want) << set->name << " row-contiguous, value " << a[size_t(i)];
+      EXPECT_EQ(c2[size_t(i)], want) << set->name << " strided, value " << a[size_t(i)];
+    }
+  }
 }
 
 }  // namespace

@@ -48,11 +48,9 @@ std::string with_commas(int64_t v) {
   return r;
 }
 
-// Which matmul kernels this run uses (cpu/gemm.h checks the CPU and TQ_CPU=generic).
+// Which matmul kernels this run uses (cpu/gemm.h checks the CPU and TQ_CPU).
 std::string cpu_isa() {
-  if (cpu::has_avx512bf16()) return "avx512_bf16 kernels";
-  if (cpu::has_avx512f()) return "avx512 kernels, bf16 weights widened to fp32";
-  return "OpenBLAS kernels";
+  return cpu::kernels_name();
 }
 
 double available_memory_bytes() {

@@ -1,12 +1,14 @@
-// Our own packed matrix products for AVX-512 CPUs (src/cpu/gemm_avx512.cpp):
+// Our own packed matrix products (src/cpu/gemm_driver.h, one instance per instruction set):
 //   C[M, N] (= or +=) alpha * sum_k A(m, k) * B(n, k)
 // A and B are strided views; C is row-major with row stride ldc. Two arithmetic kinds:
-//   f32:  fp32 products, fp32 sums (vfmadd231ps)
-//   bf16: operands rounded to bf16 (exact for values that already are bf16), products of
-//         pairs summed into fp32 (vdpbf16ps); k runs in pairs, an odd K is padded with 0.
+//   f32:  fp32 products, fp32 sums (FMA)
+//   bf16: operands rounded to bf16 (exact for values that already are bf16), their exact
+//         products summed into fp32: in pairs by vdpbf16ps on AVX-512 BF16 CPUs (k runs in
+//         pairs, an odd K padded with 0), else one FMA per product.
 // Every C element is summed in the same k order whatever the thread count, so results are
-// bit-for-bit reproducible. Call only when the CPU has the instructions (has_avx512f /
-// has_avx512bf16); the functions are compiled for them and would fault elsewhere.
+// bit-for-bit reproducible on a given CPU. The products run on the best kernel set the CPU
+// has (avx512 > avx2), checked at run time; TQ_CPU=avx2 caps it at AVX2, TQ_CPU=generic
+// turns them off (then own_kernels() is false and callers take OpenBLAS).
 #pragma once
 #include <cstdint>
 
@@ -18,8 +20,22 @@ struct View {
   int64_t rs, ks;  // element (row i, k) at p[i * rs + k * ks]
 };
 
-bool has_avx512f();
-bool has_avx512bf16();
+using GemmFn = void (*)(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
+                        bool accumulate, float alpha);
+using GemmSgdFn = void (*)(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W,
+                           int64_t ldw, float lr);
+struct GemmSet {
+  const char* name;  // "avx512_bf16", "avx512", "avx2"
+  GemmFn f32, bf16;
+  GemmSgdFn bf16_sgd;
+};
+enum class Isa { avx2, avx512 };
+// The set of one instruction set, or nullptr when this CPU cannot run it (tests run each
+// that can). avx512 without BF16 does its bf16 kind with the avx2 kernels.
+const GemmSet* gemm_set(Isa isa);
+
+bool own_kernels();          // the products below may be called (some set is usable)
+const char* kernels_name();  // for the device line: "avx2 kernels", ..., "OpenBLAS kernels"
 
 // With accumulate and alpha != 1, each C element is fma(sum, alpha, C): one rounding.
 void gemm_f32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
@@ -32,5 +48,18 @@ void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_
 // sgd_update_bf16. (fp32 SGD is gemm_f32(..., W, ldw, true, -lr): W = fma(sum, -lr, W).)
 void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, int64_t ldw,
                    float lr);
+
+// The per-instruction-set entry points behind gemm_set (gemm_avx512.cpp, gemm_avx2.cpp):
+// compiled for those instructions, they fault on CPUs without them.
+namespace avx512 {
+void gemm_f32(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float);
+void gemm_bf16(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float);
+void gemm_bf16_sgd(int64_t, int64_t, int64_t, View, View, uint16_t*, int64_t, float);
+}  // namespace avx512
+namespace avx2 {
+void gemm_f32(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float);
+void gemm_bf16(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float);
+void gemm_bf16_sgd(int64_t, int64_t, int64_t, View, View, uint16_t*, int64_t, float);
+}  // namespace avx2
 
 }  // namespace tq::cpu

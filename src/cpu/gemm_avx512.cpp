@@ -1,96 +1,22 @@
-// Packed AVX-512 matrix products (contract in gemm.h). Compiled with AVX-512 flags: keep
-// this file free of inline library templates (std::min, containers), whose AVX-512 copies
-// the linker could pick for the rest of the program and run on CPUs without AVX-512.
-//
-// Blocking (BLIS order): each thread owns a band of C and, for each block of NC columns and
-// KC k-slots, packs B[block, slots] and then A[MC rows, slots] into panels of NR columns /
-// MR rows (one 32-bit slot = one fp32 k, or a bf16 pair of k's, stored panel[s][r]); every
-// MR x NR tile of C is one micro-kernel call: 2 x MR accumulators of 16 lanes, one
-// broadcast of A and two vector loads of B per slot. Each tile is summed by one thread in
-// slot order, so results do not depend on the thread count. With few rows (W1's 32 tokens)
-// the weights stream from DRAM: B panels are packed as they are used while the next one is
-// prefetched into L2 across the current sums, and C tiles are prefetched ahead.
+// Packed AVX-512 products (contract in gemm.h; blocking in gemm_driver.h): 12 x 32 tiles,
+// 2 x 12 accumulators of 16 lanes, one broadcast of A and two vector loads of B per slot;
+// fp32 FMAs, or vdpbf16ps on bf16 pairs for the bf16 kind. Compiled with AVX-512 flags:
+// everything here stays in an anonymous namespace (see gemm_driver.h).
 // GCC 12's AVX-512 headers trip -Wuninitialized on their own _mm512_undefined_* (GCC PR 105593).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
-#include <omp.h>
-
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 
-#include "cpu/gemm.h"
+#include "cpu/gemm_driver.h"
 
 namespace tq::cpu {
 namespace {
 
 constexpr int MR = 12, NR = 32;  // 24 accumulators + 2 B vectors + broadcasts: 32 zmm
-constexpr int64_t KCMAX = 256;   // slots per k block: B panel <= 32 KiB (L1), A panel 12 KiB
-constexpr int64_t NC = 3072;     // columns per block: packed B <= 3 MiB (L3)
-constexpr int64_t MC = 144;      // rows per block: packed A <= 144 KiB (L2)
-constexpr int64_t SCMAX = 2048;  // slots of a scaled sum done as one k block
-
-inline int64_t lo(int64_t a, int64_t b) {
-  return a < b ? a : b;
-}
-
-// Grow-only workspace of the calling thread (attention calls products from its workers).
-uint32_t* workspace(int64_t words) {
-  static thread_local uint32_t* buf = nullptr;
-  static thread_local int64_t cap = 0;
-  if (words > cap) {
-    std::free(buf);
-    cap = words + words / 4;
-    buf = static_cast<uint32_t*>(std::aligned_alloc(64, size_t((cap * 4 + 63) / 64 * 64)));
-    if (!buf) std::abort();
-  }
-  return buf;
-}
-
-// ---- packing: dst[s * R + r] = slot s0 + s of row r0 + r, zero outside the matrix ----
-
-// One slot of row i: its fp32 bits (f32 kind) or a bf16 pair, low half = even k.
-inline uint16_t to_bf16(float f) {  // round to nearest even (NaN stays NaN)
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  return uint16_t((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-inline uint16_t elem_bf16(const View& v, int64_t i, int64_t k) {
-  const int64_t off = i * v.rs + k * v.ks;
-  return v.bf16 ? static_cast<const uint16_t*>(v.p)[off]
-                : to_bf16(static_cast<const float*>(v.p)[off]);
-}
-inline uint32_t elem_f32(const View& v, int64_t i, int64_t k) {
-  const int64_t off = i * v.rs + k * v.ks;
-  if (v.bf16) return uint32_t(static_cast<const uint16_t*>(v.p)[off]) << 16;
-  uint32_t u;
-  std::memcpy(&u, static_cast<const float*>(v.p) + off, 4);
-  return u;
-}
-
-template <bool BF>
-void pack_scalar(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int R,
-                 int64_t s0, int64_t S) {
-  for (int64_t s = 0; s < S; ++s)
-    for (int r = 0; r < R; ++r) {
-      const int64_t i = r0 + r;
-      uint32_t w = 0;
-      if (i < rows) {
-        if (BF) {
-          const int64_t k = 2 * (s0 + s);
-          if (k < K) w = elem_bf16(v, i, k);
-          if (k + 1 < K) w |= uint32_t(elem_bf16(v, i, k + 1)) << 16;
-        } else if (s0 + s < K) {
-          w = elem_f32(v, i, s0 + s);
-        }
-      }
-      dst[s * R + r] = w;
-    }
-}
 
 // 16 consecutive slots of row i from element k: masked to the matrix.
 template <bool BF>
@@ -209,29 +135,7 @@ void pack(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int
   else if (v.rs == 1)
     pack_rcontig<BF>(dst, v, rows, K, r0, R, s0, S);
   else
-    pack_scalar<BF>(dst, v, rows, K, r0, R, s0, S);
-}
-
-// The source lines pack() will read for these rows and slots, into `out` (at most `cap`):
-// with few rows (W1's 32 tokens) each weight panel is used briefly, and DRAM latency, not
-// bandwidth, bounds the product unless the next panel streams into L2 during this one --
-// spread over its sum, since a burst of prefetches overflows the miss queues and is dropped.
-template <bool BF>
-int panel_lines(const char** out, int cap, const View& v, int64_t rows, int64_t K, int64_t r0,
-                int R, int64_t s0, int64_t S) {
-  const int64_t per = BF ? 2 : 1, es = v.bf16 ? 2 : 4, k0 = s0 * per, k1 = lo(K, (s0 + S) * per);
-  const char* p = static_cast<const char*>(v.p);
-  int n = 0;
-  if (v.ks == 1) {
-    for (int64_t r = r0; r < lo(rows, r0 + R); ++r)
-      for (int64_t b = 0; b < (k1 - k0) * es && n < cap; b += 64)
-        out[n++] = p + (r * v.rs + k0) * es + b;
-  } else if (v.rs == 1 && r0 < rows) {
-    const int64_t span = (lo(rows, r0 + R) - r0) * es;
-    for (int64_t k = k0; k < k1; ++k)
-      for (int64_t b = 0; b < span && n < cap; b += 64) out[n++] = p + (k * v.ks + r0) * es + b;
-  }
-  return n;
+    pack_scalar<BF ? Slot::bf16x2 : Slot::f32>(dst, v, rows, K, r0, R, s0, S);
 }
 
 // ---- micro-kernel: C[mr, nr] (+)= Ap[S][MR] x Bp[S][NR] ----
@@ -268,8 +172,7 @@ inline __m512 sgd_bf16(__m512 w, __m512 g, __m512 step) {
   return round_bf16(_mm512_add_ps(w, round_bf16(_mm512_mul_ps(step, g))));
 }
 
-// SGD16: C is a bf16 weight (uint16_t) that takes the SGD step above with alpha = bf16(-lr).
-// The sum starts from zero, or from `init` (fp32 partial sums, row stride ldi) when given.
+// The micro-kernel of gemm_driver.h; SGD16: C is a bf16 weight taking the step above.
 template <bool BF, bool SGD16 = false>
 void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
            int64_t ldc, int mr, int nr, bool acc, float alpha, const float* init = nullptr,
@@ -330,141 +233,39 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
   }
 }
 
-// Tile address: C holds fp32, or bf16 weights for the fused SGD step.
-template <bool SGD16>
-inline float* tile(float* C, int64_t off) {
-  return SGD16 ? reinterpret_cast<float*>(reinterpret_cast<uint16_t*>(C) + off) : C + off;
-}
-
-// Slots per k block: at most KCMAX, blocks of equal size (a 256-wide K is one block).
-int64_t kc_for(int64_t S) {
-  const int64_t nb = (S + KCMAX - 1) / KCMAX;
-  return ((S + nb - 1) / nb + 7) / 8 * 8;
-}
-
-template <bool BF, bool SGD16 = false>
-void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc, bool accumulate,
-          float alpha) {
-  if (M <= 0 || N <= 0) return;
-  const int64_t S = BF ? (K + 1) / 2 : K;  // slots
-  if (S == 0) {                            // empty sum
-    if (!accumulate)
-      for (int64_t m = 0; m < M; ++m) std::memset(C + m * ldc, 0, size_t(N) * 4);
-    return;
+// The kernel set for gemm_driver.h (the bf16 kind as pairs: Slot::bf16 is never asked for).
+struct Kern {
+  static constexpr int MR = cpu::MR, NR = cpu::NR;
+  static constexpr Slot kBf16Slot = Slot::bf16x2;
+  template <Slot SL>
+  static void pack(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int R,
+                   int64_t s0, int64_t S) {
+    static_assert(SL != Slot::bf16);
+    cpu::pack<SL == Slot::bf16x2>(dst, v, rows, K, r0, R, s0, S);
   }
-  // With alpha or the SGD step, the sum must be whole before the store: when it spans k
-  // blocks, each C block is finished over all of them (partial sums in a per-thread fp32
-  // block) before the next, at the price of packing B again for every block of rows.
-  // A scaled sum up to SCMAX slots (the fused SGD over 2048 tokens) is one k block: measured
-  // faster than finishing C blocks over several; NC shrinks to keep packed B within 4 MiB.
-  const bool scaled = alpha != 1.0f || SGD16;
-  const int64_t KCB = scaled && S <= SCMAX ? S : kc_for(S);
-  const int64_t panels = (int64_t(1) << 20) / KCB / NR,
-                NCB = lo(NC, (panels > 0 ? panels : 1) * NR);
-  const bool finish = scaled && S > KCB;
-  const int64_t per_thread = (MC + NCB) * KCB + (finish ? MC * NCB : 0);
-  // Called from inside a parallel loop (attention's blocks): this thread does it all, without
-  // the cost of entering a nested region.
-  const bool serial = omp_in_parallel() || omp_get_max_threads() == 1;
-  uint32_t* ws = workspace(per_thread * (serial ? 1 : omp_get_max_threads()));
-  // Each thread owns a band of C (columns, or rows when there are more rows) and runs the
-  // blocked product on it with its own packing buffers: no barriers, and B or A is packed
-  // straight from memory into the cache that uses it.
-  const auto band = [&](int t, int nt) {
-    int64_t m0 = 0, m1 = M, n0 = 0, n1 = N;
-    if (N / NR >= M / MR) {
-      const int64_t np = (N + NR - 1) / NR;
-      n0 = lo(N, np * t / nt * NR), n1 = lo(N, np * (t + 1) / nt * NR);
-    } else {
-      const int64_t mp = (M + MR - 1) / MR;
-      m0 = lo(M, mp * t / nt * MR), m1 = lo(M, mp * (t + 1) / nt * MR);
-    }
-    uint32_t* Bp = ws + per_thread * t;
-    uint32_t* Ap = Bp + NCB * KCB;
-    float* Tp = reinterpret_cast<float*>(Ap + MC * KCB);  // [MC, NCB] partial sums (finish)
-    constexpr int kLines = 2048;
-    const char* lines[kLines];
-    for (int64_t jc = n0; jc < n1; jc += NCB) {
-      const int64_t nc = lo(NCB, n1 - jc);
-      for (int64_t icf = m0; icf < (finish ? m1 : m0 + 1); icf += MC)  // finish: rows outside
-        for (int64_t pc = 0; pc < S; pc += KCB) {
-          const int64_t kc = lo(KCB, S - pc);
-          const bool last = pc + kc == S;
-          // One block of rows: pack each B panel just before its tiles, the next one's
-          // source already in flight. Several: pack the B block once for all of them.
-          const bool stream = m1 - m0 <= MC;
-          if (!stream)
-            for (int64_t jr = 0; jr < nc; jr += NR)
-              pack<BF>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
-          for (int64_t ic = finish ? icf : m0; ic < (finish ? lo(m1, icf + MC) : m1); ic += MC) {
-            const int64_t mc = lo(MC, m1 - ic), mt = (mc + MR - 1) / MR * MR;
-            for (int64_t ir = 0; ir < mc; ir += MR)
-              pack<BF>(Ap + ir * kc, A, M, K, ic + ir, MR, pc, kc);
-            for (int64_t jr = 0; jr < nc; jr += NR) {
-              int npf = 0;  // next panel's lines, handed out to this panel's tiles
-              if (stream) {
-                pack<BF>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
-                if (jr + NR < nc)
-                  npf = panel_lines<BF>(lines, kLines, B, N, K, jc + jr + NR, NR, pc, kc);
-                else if (!last)  // the next k block's first panel
-                  npf = panel_lines<BF>(lines, kLines, B, N, K, jc, NR, pc + kc,
-                                        lo(KCB, S - pc - kc));
-              }
-              const int per_tile = int((npf + (mc + MR - 1) / MR - 1) / ((mc + MR - 1) / MR));
-              for (int64_t ir = 0; ir < mc; ir += MR) {
-                const int mr = int(lo(MR, mc - ir)), nr = int(lo(NR, nc - jr));
-                const uint32_t *a = Ap + ir * kc, *b = Bp + jr * kc;
-                float* c = tile<SGD16>(C, (ic + ir) * ldc + jc + jr);
-                float* tp = Tp + ir * NCB + jr;
-                {  // C of the tile four ahead (short sums leave DRAM latency exposed)
-                  int64_t pi = ir + 4 * MR, pj = jr;
-                  if (pi >= mt) pi -= mt, pj += NR;
-                  if (pj < nc && pi < mc)
-                    for (int r = 0; r < int(lo(MR, mc - pi)); ++r) {
-                      const char* cr = reinterpret_cast<const char*>(
-                          tile<SGD16>(C, (ic + pi + r) * ldc + jc + pj));
-                      _mm_prefetch(cr, _MM_HINT_T0);
-                      _mm_prefetch(cr + (SGD16 ? 63 : 127), _MM_HINT_T0);
-                    }
-                }
-                const int t0 = int(ir / MR) * per_tile;
-                const char* const* pf = lines + t0;
-                const int np = int(lo(per_tile, lo(kc, npf - t0 > 0 ? npf - t0 : 0)));
-                if (!finish)
-                  micro<BF, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate || pc > 0,
-                                   last ? alpha : 1.0f, nullptr, 0, pf, np);
-                else if (!last)
-                  micro<BF>(kc, a, b, tp, NCB, mr, nr, pc > 0, 1.0f, nullptr, 0, pf, np);
-                else
-                  micro<BF, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate, alpha, tp, NCB, pf, np);
-              }
-            }
-          }
-        }
-    }
-  };
-  if (serial) return band(0, 1);
-#pragma omp parallel
-  band(omp_get_thread_num(), omp_get_num_threads());
-}
+  template <Slot SL, bool SGD16>
+  static void micro(int64_t S, const uint32_t* A, const uint32_t* B, float* C, int64_t ldc, int mr,
+                    int nr, bool acc, float alpha, const float* init, int64_t ldi,
+                    const char* const* pf, int npf) {
+    cpu::micro<SL == Slot::bf16x2, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf);
+  }
+};
 
 }  // namespace
 
+namespace avx512 {
 void gemm_f32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
               bool accumulate, float alpha) {
-  gemm<false>(M, N, K, A, B, C, ldc, accumulate, alpha);
+  gemm<Kern, false>(M, N, K, A, B, C, ldc, accumulate, alpha);
 }
 void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
                bool accumulate, float alpha) {
-  gemm<true>(M, N, K, A, B, C, ldc, accumulate, alpha);
+  gemm<Kern, true>(M, N, K, A, B, C, ldc, accumulate, alpha);
 }
-
 void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, int64_t ldw,
                    float lr) {
-  const uint32_t step = uint32_t(to_bf16(-lr)) << 16;  // bf16(-lr) as fp32 bits
-  float alpha;
-  std::memcpy(&alpha, &step, 4);
-  gemm<true, true>(M, N, K, A, B, reinterpret_cast<float*>(W), ldw, true, alpha);
+  gemm_sgd16<Kern>(M, N, K, A, B, W, ldw, lr);
 }
+}  // namespace avx512
 
 }  // namespace tq::cpu

@@ -102,49 +102,16 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
     for (int64_t c = 0; c < C; ++c) dw[c] += dwpart[size_t(t) * C + c];
 }
 
-// Matmuls: our packed AVX-512 products (gemm.h) where the CPU has them, OpenBLAS elsewhere
-// or when TQ_CPU=generic asks for the portable path.
-static bool generic_requested() {
-  const char* e = std::getenv("TQ_CPU");
-  return e && std::strcmp(e, "generic") == 0;
-}
-#ifdef TQ_NO_AVX512
-bool has_avx512f() {
-  return false;
-}
-bool has_avx512bf16() {
-  return false;
-}
-void gemm_f32(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float) {
-  std::abort();
-}
-void gemm_bf16(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float) {
-  std::abort();
-}
-void gemm_bf16_sgd(int64_t, int64_t, int64_t, View, View, uint16_t*, int64_t, float) {
-  std::abort();
-}
-#else
-bool has_avx512f() {
-  static const bool yes = !generic_requested() && __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return yes;
-}
-bool has_avx512bf16() {
-  static const bool yes = has_avx512f() && __builtin_cpu_supports("avx512bf16");
-  return yes;
-}
-#endif
-
 // Row-major C[M, N] = alpha op(A) op(B) + beta C (beta 0 or 1): the linear layers, and
 // attention's blocks from inside its parallel loops (our products then run on the calling
 // thread).
-// BF: operands rounded to bf16, fp32 sums (bf16 runs, on CPUs with AVX-512 BF16).
+// Our packed products (gemm.h) where the CPU has AVX2 or AVX-512, OpenBLAS elsewhere or
+// when TQ_CPU=generic asks for the portable path.
+// BF: operands rounded to bf16, fp32 sums (bf16 runs; only with our products).
 template <bool BF = false>
 static void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                   int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (BF || has_avx512f())
+  if (BF || own_kernels())
     return (BF ? gemm_bf16 : gemm_f32)(M, N, K, {A, false, ta ? 1 : lda, ta ? lda : 1},
                                        {B, false, tb ? ldb : 1, tb ? 1 : ldb}, C, ldc, beta != 0.0f,
                                        alpha);

@@ -71,7 +71,7 @@ void sgd_update_bf16(uint16_t* w, const uint16_t* g, int64_t n, float lr) {
 }  // namespace
 
 const Ops& cpu_ops() {
-  const bool bf16dot = cpu::has_avx512bf16(), avx512 = cpu::has_avx512f();
+  const bool own = cpu::own_kernels();  // else the OpenBLAS path: no bf16 or fused products
   static const Ops ops = {
       "cpu",
       host_alloc,
@@ -88,18 +88,18 @@ const Ops& cpu_ops() {
       cpu::rmsnorm_backward,
       cpu::matmul_forward,
       cpu::matmul_backward,
-      bf16dot ? cpu::matmul_forward_bf16w : nullptr,
-      bf16dot ? cpu::matmul_backward_bf16w : nullptr,
-      avx512 ? cpu::matmul_backward_sgd : nullptr,
-      bf16dot ? cpu::matmul_backward_sgd_bf16w : nullptr,
+      own ? cpu::matmul_forward_bf16w : nullptr,
+      own ? cpu::matmul_backward_bf16w : nullptr,
+      own ? cpu::matmul_backward_sgd : nullptr,
+      own ? cpu::matmul_backward_sgd_bf16w : nullptr,
       cpu::qkv_split_forward,
       cpu::qkv_split_backward,
       cpu::rope_forward,
       cpu::rope_backward,
       cpu::attention_forward,
       cpu::attention_backward,
-      bf16dot ? cpu::attention_forward_bf16 : nullptr,
-      bf16dot ? cpu::attention_backward_bf16 : nullptr,
+      own ? cpu::attention_forward_bf16 : nullptr,
+      own ? cpu::attention_backward_bf16 : nullptr,
       cpu::swiglu_forward,
       cpu::swiglu_backward,
       cpu::crossentropy_forward,

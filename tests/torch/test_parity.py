@@ -125,10 +125,32 @@ loss = Q.loss_fn(m16(tokens), labels)
 loss.backward()
 H.check("bf16 first-step loss matches PyTorch bf16 within 2e-3", abs(ours["loss"] - loss.item()) < 2e-3,
       f"{ours['loss']:.6f} vs {loss.item():.6f}")
-errs = {k: rel_l2(ours["grads"][k], g) for k, g in m16.titan_grads().items()}
-k_worst = max(errs, key=errs.get)
-H.check("bf16 first-step gradients match PyTorch bf16 within 5e-2 rel L2", errs[k_worst] < 5e-2,
-      f"worst {errs[k_worst]:.2e} at {k_worst}")
+g16 = m16.titan_grads()
+# The exact gradient at those bf16 weights: the fp32 model from the same values. It is the
+# oracle for the rounding error of both; PyTorch's bf16 CPU kernels differ by CPU (without
+# AVX-512 BF16, torch 1.13 sums the norm-weight gradients in bf16: ~0.12 off here).
+m32 = Q.build_model("debugmodel", seed=0, dtype=torch.float32)
+m32.load_titan({k: v.float() for k, v in init16.items()})
+Q.loss_fn(m32(tokens), labels).backward()
+g32 = m32.titan_grads()
+e32 = {k: rel_l2(ours["grads"][k], g) for k, g in g32.items()}
+k_worst = max(e32, key=e32.get)
+H.check("bf16 first-step gradients within 5e-2 rel L2 of the fp32 gradients at the same weights",
+        e32[k_worst] < 5e-2, f"worst {e32[k_worst]:.2e} at {k_worst}")
+torch16 = {k: rel_l2(g16[k], g) for k, g in g32.items()}
+H.check("bf16 first-step gradients no farther from fp32 than PyTorch bf16's, + 1e-2",
+        all(e32[k] <= torch16[k] + 1e-2 for k in g32),
+        f"worst excess {max(e32[k] - torch16[k] for k in g32):+.2e}")
+sound = [k for k in g16 if torch16[k] < 2.5e-2]  # where PyTorch bf16 is itself near exact
+if sound:
+    errs = {k: rel_l2(ours["grads"][k], g16[k]) for k in sound}
+    k_worst = max(errs, key=errs.get)
+    H.check("bf16 first-step gradients match PyTorch bf16 within 5e-2 rel L2 where it is within "
+            "2.5e-2 of fp32", errs[k_worst] < 5e-2,
+            f"worst {errs[k_worst]:.2e} at {k_worst}; {len(sound)} of {len(g16)} entries")
+else:  # this CPU's PyTorch bf16 kernels: the fp32 checks above stand alone
+    print(f"skip: PyTorch bf16 is within 2.5e-2 of fp32 for no gradient on this CPU "
+          f"({min(torch16.values()):.2e} to {max(torch16.values()):.2e}): no direct comparison")
 
 # ---------------------------------------------------------------- our reader on torch.save output
 for dtype in (torch.float32, torch.bfloat16):

@@ -1,0 +1,93 @@
+// Which kernel set the products run on: decided once from the CPU and TQ_CPU (gemm.h).
+#include "cpu/gemm.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace tq::cpu {
+namespace {
+
+const char* requested() {
+  const char* e = std::getenv("TQ_CPU");
+  return e ? e : "";
+}
+
+#ifdef TQ_NO_X86_KERNELS
+bool cpu_avx2() {
+  return false;
+}
+bool cpu_avx512() {
+  return false;
+}
+bool cpu_avx512bf16() {
+  return false;
+}
+#else
+bool cpu_avx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+bool cpu_avx512() {
+  return cpu_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+bool cpu_avx512bf16() {
+  return cpu_avx512() && __builtin_cpu_supports("avx512bf16");
+}
+#endif
+
+// The products in use: the best usable set under the TQ_CPU cap, or none.
+const GemmSet* active() {
+  static const GemmSet* set = [] {
+    if (std::strcmp(requested(), "generic") == 0) return static_cast<const GemmSet*>(nullptr);
+    if (std::strcmp(requested(), "avx2") != 0 && gemm_set(Isa::avx512))
+      return gemm_set(Isa::avx512);
+    return gemm_set(Isa::avx2);
+  }();
+  return set;
+}
+
+}  // namespace
+
+const GemmSet* gemm_set(Isa isa) {
+#ifdef TQ_NO_X86_KERNELS
+  (void)isa;
+  return nullptr;
+#else
+  static const GemmSet k512bf16 = {"avx512_bf16", avx512::gemm_f32, avx512::gemm_bf16,
+                                   avx512::gemm_bf16_sgd};
+  static const GemmSet k512 = {"avx512", avx512::gemm_f32, avx2::gemm_bf16, avx2::gemm_bf16_sgd};
+  static const GemmSet k2 = {"avx2", avx2::gemm_f32, avx2::gemm_bf16, avx2::gemm_bf16_sgd};
+  if (isa == Isa::avx512) return cpu_avx512bf16() ? &k512bf16 : cpu_avx512() ? &k512 : nullptr;
+  return cpu_avx2() ? &k2 : nullptr;
+#endif
+}
+
+bool own_kernels() {
+  return active() != nullptr;
+}
+
+const char* kernels_name() {
+  const GemmSet* s = active();
+  if (!s) return "OpenBLAS kernels";
+  if (std::strcmp(s->name, "avx512") == 0) return "avx512 kernels, avx2 for bf16";
+  return std::strcmp(s->name, "avx2") == 0 ? "avx2 kernels" : "avx512_bf16 kernels";
+}
+
+void gemm_f32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
+              bool accumulate, float alpha) {
+  if (!active()) std::abort();  // callers check own_kernels()
+  active()->f32(M, N, K, A, B, C, ldc, accumulate, alpha);
+}
+void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
+               bool accumulate, float alpha) {
+  if (!active()) std::abort();
+  active()->bf16(M, N, K, A, B, C, ldc, accumulate, alpha);
+}
+void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, int64_t ldw,
+                   float lr) {
+  if (!active()) std::abort();
+  active()->bf16_sgd(M, N, K, A, B, W, ldw, lr);
+}
+
+}  // namespace tq::cpu

@@ -1,0 +1,263 @@
+// Packed AVX2 products (contract in gemm.h; blocking in gemm_driver.h): 6 x 16 tiles, 12
+// accumulators of 8 lanes + 2 B vectors + a broadcast = 15 of the 16 ymm registers. Both
+// kinds are fp32 FMAs: the bf16 kind rounds its operands to bf16 as it packs them (products
+// of bf16 values are exact in fp32). Compiled with -mavx2 -mfma: everything here stays in an
+// anonymous namespace (see gemm_driver.h).
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/gemm_driver.h"
+
+namespace tq::cpu {
+namespace {
+
+constexpr int MR = 6, NR = 16;
+
+inline __m256i lanes_below(int64_t n) {  // all-ones in lanes 0..n-1
+  const int c = n < 0 ? 0 : n > 8 ? 8 : int(n);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// fp32 bits rounded to the nearest bf16 (ties even; NaN stays NaN), as core/common.h does.
+inline __m256i round_bits(__m256i u) {
+  const __m256i bias = _mm256_add_epi32(
+      _mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+  const __m256 x = _mm256_castsi256_ps(u);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  const __m256i r = _mm256_blendv_epi8(_mm256_add_epi32(u, bias),
+                                       _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
+  return _mm256_and_si256(r, _mm256_set1_epi32(int(0xffff0000u)));
+}
+inline __m256 round_bf16(__m256 x) {
+  return _mm256_castsi256_ps(round_bits(_mm256_castps_si256(x)));
+}
+
+// 8 bf16 values from p (n of them valid, the rest 0) as fp32; and back (x holds bf16 values).
+inline __m256 load_bf16(const uint16_t* p, int64_t n) {
+  __m128i h;
+  if (n >= 8) {
+    h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  } else {
+    alignas(16) uint16_t t[8] = {};
+    for (int64_t j = 0; j < n; ++j) t[j] = p[j];
+    h = _mm_load_si128(reinterpret_cast<const __m128i*>(t));
+  }
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline void store_bf16(uint16_t* p, int64_t n, __m256 x) {
+  const __m256i s = _mm256_srli_epi32(_mm256_castps_si256(x), 16);
+  const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  if (n >= 8) return _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
+  alignas(16) uint16_t t[8];
+  _mm_store_si128(reinterpret_cast<__m128i*>(t), h);
+  for (int64_t j = 0; j < n; ++j) p[j] = t[j];
+}
+inline __m256 load_f32(const float* p, int64_t n) {
+  if (n >= 8) return _mm256_loadu_ps(p);
+  return n <= 0 ? _mm256_setzero_ps() : _mm256_maskload_ps(p, lanes_below(n));
+}
+inline void store_f32(float* p, int64_t n, __m256 x) {
+  if (n >= 8) return _mm256_storeu_ps(p, x);
+  if (n > 0) _mm256_maskstore_ps(p, lanes_below(n), x);
+}
+
+// ---- packing: one slot = one k for both kinds ----
+
+// 8 consecutive elements of v from element offset `off` as slots (the bf16 kind rounds fp32
+// sources; bf16 sources are exact). `avail` of them lie inside the matrix: the rest read 0.
+// Masked loads and stores are slow on AMD cores, so the packers use them only at the edges.
+template <Slot SL>
+inline __m256 load_slots(const View& v, int64_t off, int64_t avail) {
+  if (avail <= 0) return _mm256_setzero_ps();
+  if (v.bf16) return load_bf16(static_cast<const uint16_t*>(v.p) + off, avail);
+  const __m256 x = load_f32(static_cast<const float*>(v.p) + off, avail);
+  return SL == Slot::bf16 ? round_bf16(x) : x;
+}
+
+// r[i] <- column i of the 8x8 matrix whose rows are r[0..7].
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8], s[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int g = 0; g < 8; g += 4) {
+    s[g + 0] = _mm256_shuffle_ps(t[g], t[g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    s[g + 1] = _mm256_shuffle_ps(t[g], t[g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    s[g + 2] = _mm256_shuffle_ps(t[g + 1], t[g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    s[g + 3] = _mm256_shuffle_ps(t[g + 1], t[g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int q = 0; q < 4; ++q) {
+    r[q] = _mm256_permute2f128_ps(s[q], s[4 + q], 0x20);
+    r[4 + q] = _mm256_permute2f128_ps(s[q], s[4 + q], 0x31);
+  }
+}
+
+inline void store_slot(uint32_t* d, int nr, __m256 x) {  // nr of the 8 lanes
+  float* p = reinterpret_cast<float*>(d);
+  if (nr == 6) {  // an A panel (MR = 6)
+    _mm_storeu_ps(p, _mm256_castps256_ps128(x));
+    return _mm_storel_pi(reinterpret_cast<__m64*>(p + 4), _mm256_extractf128_ps(x, 1));
+  }
+  store_f32(p, nr, x);
+}
+
+// Rows contiguous in k (ks == 1): 8 rows x 8 slots at a time through a transpose.
+template <Slot SL>
+void pack_kcontig(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int R,
+                  int64_t s0, int64_t S) {
+  for (int rg = 0; rg < R; rg += 8) {
+    const int nr = R - rg < 8 ? R - rg : 8;
+    for (int64_t s = 0; s < S; s += 8) {
+      __m256 t[8];
+      for (int r = 0; r < 8; ++r) {
+        const int64_t i = r0 + rg + r;
+        t[r] = r < nr && i < rows ? load_slots<SL>(v, i * v.rs + s0 + s, K - (s0 + s))
+                                  : _mm256_setzero_ps();
+      }
+      transpose8(t);
+      const int64_t ns = lo(8, S - s);
+      for (int j = 0; j < ns; ++j) store_slot(dst + (s + j) * R + rg, nr, t[j]);
+    }
+  }
+}
+
+// Rows contiguous (rs == 1): each slot is 8 rows at a time from one k row.
+template <Slot SL>
+void pack_rcontig(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int R,
+                  int64_t s0, int64_t S) {
+  for (int rg = 0; rg < R; rg += 8) {
+    const int nr = R - rg < 8 ? R - rg : 8;
+    const int64_t i = r0 + rg, avail = rows - i;  // lanes past nr are read but not stored
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t k = s0 + s;
+      store_slot(dst + s * R + rg, nr,
+                 k < K ? load_slots<SL>(v, i + k * v.ks, avail) : _mm256_setzero_ps());
+    }
+  }
+}
+
+template <Slot SL>
+void pack(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int R, int64_t s0,
+          int64_t S) {
+  static_assert(SL != Slot::bf16x2);
+  if (v.ks == 1)
+    pack_kcontig<SL>(dst, v, rows, K, r0, R, s0, S);
+  else if (v.rs == 1)
+    pack_rcontig<SL>(dst, v, rows, K, r0, R, s0, S);
+  else
+    pack_scalar<SL>(dst, v, rows, K, r0, R, s0, S);
+}
+
+// ---- micro-kernel: C[mr, nr] (+)= Ap[S][MR] x Bp[S][NR] ----
+
+// The optax bf16 SGD step on one weight vector w given its gradient sum g (fp32):
+// bf16(w + bf16(step * bf16(0 + g))), step = bf16(-lr) -- sgd_update_bf16 in cpu/ops.cpp.
+inline __m256 sgd_bf16(__m256 w, __m256 g, __m256 step) {
+  g = round_bf16(_mm256_add_ps(g, _mm256_setzero_ps()));
+  return round_bf16(_mm256_add_ps(w, round_bf16(_mm256_mul_ps(step, g))));
+}
+
+// The micro-kernel of gemm_driver.h; SGD16: C is a bf16 weight taking the step above.
+template <bool SGD16>
+void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
+           int64_t ldc, int mr, int nr, bool acc, float alpha, const float* init, int64_t ldi,
+           const char* const* pf, int npf) {
+  const float* a = reinterpret_cast<const float*>(A);
+  const float* b = reinterpret_cast<const float*>(B);
+  __m256 c0[MR], c1[MR];
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) {
+    c0[r] = c1[r] = _mm256_setzero_ps();
+    if (init && r < mr) {
+      c0[r] = load_f32(init + r * ldi, nr);
+      c1[r] = load_f32(init + r * ldi + 8, nr - 8);
+    }
+    if (r < mr) {  // C is far (often DRAM): fetch it while the sum runs
+      const char* cr = SGD16 ? reinterpret_cast<const char*>(C) + 2 * r * ldc
+                             : reinterpret_cast<const char*>(C + r * ldc);
+      _mm_prefetch(cr, _MM_HINT_T0);
+      _mm_prefetch(cr + (SGD16 ? 31 : 63), _MM_HINT_T0);
+    }
+  }
+  const auto slot = [&](int64_t s) {
+    const __m256 b0 = _mm256_load_ps(b + s * NR), b1 = _mm256_load_ps(b + s * NR + 8);
+    _mm_prefetch(reinterpret_cast<const char*>(b + s * NR + 8 * NR), _MM_HINT_T0);
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) {
+      const __m256 x = _mm256_broadcast_ss(a + s * MR + r);
+      c0[r] = _mm256_fmadd_ps(x, b0, c0[r]);
+      c1[r] = _mm256_fmadd_ps(x, b1, c1[r]);
+    }
+  };
+  int64_t s = 0;
+  for (; s < npf; ++s) {  // the next panel's lines, one per slot, then the plain loop
+    _mm_prefetch(pf[s], _MM_HINT_T1);
+    slot(s);
+  }
+#pragma GCC unroll 4
+  for (; s < S; ++s) slot(s);
+  const int n1 = nr - 8;
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) {
+    if (r >= mr) break;
+    if constexpr (SGD16) {
+      uint16_t* wr = reinterpret_cast<uint16_t*>(C) + r * ldc;
+      const __m256 step = _mm256_set1_ps(alpha);
+      store_bf16(wr, nr, sgd_bf16(load_bf16(wr, nr), c0[r], step));
+      if (n1 > 0) store_bf16(wr + 8, n1, sgd_bf16(load_bf16(wr + 8, n1), c1[r], step));
+      continue;
+    }
+    float* cr = C + r * ldc;
+    if (acc && alpha != 1.0f) {  // one rounding, as the SGD update w -= lr * g compiles
+      c0[r] = _mm256_fmadd_ps(c0[r], _mm256_set1_ps(alpha), load_f32(cr, nr));
+      c1[r] = _mm256_fmadd_ps(c1[r], _mm256_set1_ps(alpha), load_f32(cr + 8, n1));
+    } else if (acc) {
+      c0[r] = _mm256_add_ps(c0[r], load_f32(cr, nr));
+      c1[r] = _mm256_add_ps(c1[r], load_f32(cr + 8, n1));
+    } else if (alpha != 1.0f) {
+      c0[r] = _mm256_mul_ps(c0[r], _mm256_set1_ps(alpha));
+      c1[r] = _mm256_mul_ps(c1[r], _mm256_set1_ps(alpha));
+    }
+    store_f32(cr, nr, c0[r]);
+    store_f32(cr + 8, n1, c1[r]);
+  }
+}
+
+// The kernel set for gemm_driver.h (the bf16 kind one k per slot, rounded on packing).
+struct Kern {
+  static constexpr int MR = cpu::MR, NR = cpu::NR;
+  static constexpr Slot kBf16Slot = Slot::bf16;
+  template <Slot SL>
+  static void pack(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int R,
+                   int64_t s0, int64_t S) {
+    cpu::pack<SL>(dst, v, rows, K, r0, R, s0, S);
+  }
+  template <Slot SL, bool SGD16>
+  static void micro(int64_t S, const uint32_t* A, const uint32_t* B, float* C, int64_t ldc, int mr,
+                    int nr, bool acc, float alpha, const float* init, int64_t ldi,
+                    const char* const* pf, int npf) {
+    cpu::micro<SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf);
+  }
+};
+
+}  // namespace
+
+namespace avx2 {
+void gemm_f32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
+              bool accumulate, float alpha) {
+  gemm<Kern, false>(M, N, K, A, B, C, ldc, accumulate, alpha);
+}
+void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
+               bool accumulate, float alpha) {
+  gemm<Kern, true>(M, N, K, A, B, C, ldc, accumulate, alpha);
+}
+void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, int64_t ldw,
+                   float lr) {
+  gemm_sgd16<Kern>(M, N, K, A, B, W, ldw, lr);
+}
+}  // namespace avx2
+
+}  // namespace tq::cpu

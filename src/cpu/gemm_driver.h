@@ -1,0 +1,267 @@
+// The blocked product around a micro-kernel (contract in gemm.h), included by one file per
+// instruction set (gemm_avx512.cpp, gemm_avx2.cpp), each compiled with its own flags. All of
+// it is in an anonymous namespace, so every including file gets its own copy: an inline
+// function shared between them (std::min, containers, core/common.h) could be merged by the
+// linker into the copy built for the widest instructions and then run on CPUs without them.
+//
+// Blocking (BLIS order): each thread owns a band of C and, for each block of NC columns and
+// KC k-slots, packs B[block, slots] and then A[MC rows, slots] into panels of NR columns /
+// MR rows (one 32-bit slot = one fp32 k, or a bf16 pair of k's, stored panel[s][r]); every
+// MR x NR tile of C is one micro-kernel call. Each tile is summed by one thread in slot
+// order, so results do not depend on the thread count. With few rows (W1's 32 tokens) the
+// weights stream from DRAM: B panels are packed as they are used while the next one is
+// prefetched into L2 across the current sums, and C tiles are prefetched ahead.
+//
+// A kernel set is a struct with
+//   MR, NR                 tile rows and columns
+//   kBf16Slot              the bf16 kind's slot: Slot::bf16x2 (pair products) or Slot::bf16
+//   pack<SL>(dst, v, rows, K, r0, R, s0, S)   dst[s * R + r] = slot s0 + s of row r0 + r,
+//                                             zero outside the matrix
+//   micro<SL, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf)
+//                          C[mr, nr] (+)= Ap[S][MR] x Bp[S][NR] (below).
+#pragma once
+#include <omp.h>
+#include <xmmintrin.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "cpu/gemm.h"
+
+namespace tq::cpu {
+namespace {
+
+// What one 32-bit slot of a packed panel holds.
+enum class Slot {
+  f32,     // one k, fp32
+  bf16,    // one k rounded to bf16, as fp32 bits
+  bf16x2,  // two k's rounded to bf16: low half the even k
+};
+constexpr int64_t per_slot(Slot s) {
+  return s == Slot::bf16x2 ? 2 : 1;
+}
+
+constexpr int64_t KCMAX = 256;   // slots per k block: B panel <= 32 KiB (L1)
+constexpr int64_t NC = 3072;     // columns per block: packed B <= 3 MiB (L3)
+constexpr int64_t MC = 144;      // rows per block: packed A <= 144 KiB (L2)
+constexpr int64_t SCMAX = 2048;  // slots of a scaled sum done as one k block
+
+inline int64_t lo(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+
+// Grow-only workspace of the calling thread (attention calls products from its workers).
+uint32_t* workspace(int64_t words) {
+  static thread_local uint32_t* buf = nullptr;
+  static thread_local int64_t cap = 0;
+  if (words > cap) {
+    std::free(buf);
+    cap = words + words / 4;
+    buf = static_cast<uint32_t*>(std::aligned_alloc(64, size_t((cap * 4 + 63) / 64 * 64)));
+    if (!buf) std::abort();
+  }
+  return buf;
+}
+
+inline uint16_t to_bf16(float f) {  // round to nearest even (NaN stays NaN)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+inline uint16_t elem_bf16(const View& v, int64_t i, int64_t k) {
+  const int64_t off = i * v.rs + k * v.ks;
+  return v.bf16 ? static_cast<const uint16_t*>(v.p)[off]
+                : to_bf16(static_cast<const float*>(v.p)[off]);
+}
+inline uint32_t elem_f32(const View& v, int64_t i, int64_t k) {
+  const int64_t off = i * v.rs + k * v.ks;
+  if (v.bf16) return uint32_t(static_cast<const uint16_t*>(v.p)[off]) << 16;
+  uint32_t u;
+  std::memcpy(&u, static_cast<const float*>(v.p) + off, 4);
+  return u;
+}
+
+// Any layout, one element at a time: the general strided views and the kernels' edges.
+template <Slot SL>
+void pack_scalar(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int R,
+                 int64_t s0, int64_t S) {
+  for (int64_t s = 0; s < S; ++s)
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = r0 + r;
+      uint32_t w = 0;
+      if (i < rows) {
+        if (SL == Slot::bf16x2) {
+          const int64_t k = 2 * (s0 + s);
+          if (k < K) w = elem_bf16(v, i, k);
+          if (k + 1 < K) w |= uint32_t(elem_bf16(v, i, k + 1)) << 16;
+        } else if (s0 + s < K) {
+          w = SL == Slot::bf16 ? uint32_t(elem_bf16(v, i, s0 + s)) << 16 : elem_f32(v, i, s0 + s);
+        }
+      }
+      dst[s * R + r] = w;
+    }
+}
+
+// The source lines pack() will read for these rows and slots, into `out` (at most `cap`):
+// with few rows (W1's 32 tokens) each weight panel is used briefly, and DRAM latency, not
+// bandwidth, bounds the product unless the next panel streams into L2 during this one --
+// spread over its sum, since a burst of prefetches overflows the miss queues and is dropped.
+template <Slot SL>
+int panel_lines(const char** out, int cap, const View& v, int64_t rows, int64_t K, int64_t r0,
+                int R, int64_t s0, int64_t S) {
+  const int64_t per = per_slot(SL), es = v.bf16 ? 2 : 4, k0 = s0 * per, k1 = lo(K, (s0 + S) * per);
+  const char* p = static_cast<const char*>(v.p);
+  int n = 0;
+  if (v.ks == 1) {
+    for (int64_t r = r0; r < lo(rows, r0 + R); ++r)
+      for (int64_t b = 0; b < (k1 - k0) * es && n < cap; b += 64)
+        out[n++] = p + (r * v.rs + k0) * es + b;
+  } else if (v.rs == 1 && r0 < rows) {
+    const int64_t span = (lo(rows, r0 + R) - r0) * es;
+    for (int64_t k = k0; k < k1; ++k)
+      for (int64_t b = 0; b < span && n < cap; b += 64) out[n++] = p + (k * v.ks + r0) * es + b;
+  }
+  return n;
+}
+
+// Tile address: C holds fp32, or bf16 weights for the fused SGD step.
+template <bool SGD16>
+inline float* tile(float* C, int64_t off) {
+  return SGD16 ? reinterpret_cast<float*>(reinterpret_cast<uint16_t*>(C) + off) : C + off;
+}
+
+// Slots per k block: at most KCMAX, blocks of equal size (a 256-wide K is one block).
+int64_t kc_for(int64_t S) {
+  const int64_t nb = (S + KCMAX - 1) / KCMAX;
+  return ((S + nb - 1) / nb + 7) / 8 * 8;
+}
+
+// micro<SL, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf): the sum over S
+// slots starts from zero, or from `init` (fp32 partial sums, row stride ldi) when given; it
+// is stored as C = sum (alpha != 1: sum * alpha), with acc C += sum (alpha != 1:
+// fma(sum, alpha, C)); with SGD16, C is a bf16 weight that takes the SGD step of gemm.h with
+// alpha = bf16(-lr). pf[0..npf) are lines to prefetch into L2, one per slot.
+template <class Kern, bool BF, bool SGD16 = false>
+void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc, bool accumulate,
+          float alpha) {
+  constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
+  constexpr int MR = Kern::MR, NR = Kern::NR;
+  if (M <= 0 || N <= 0) return;
+  const int64_t S = (K + per_slot(SL) - 1) / per_slot(SL);  // slots
+  if (S == 0) {                                             // empty sum
+    if (!accumulate)
+      for (int64_t m = 0; m < M; ++m) std::memset(C + m * ldc, 0, size_t(N) * 4);
+    return;
+  }
+  // With alpha or the SGD step, the sum must be whole before the store: when it spans k
+  // blocks, each C block is finished over all of them (partial sums in a per-thread fp32
+  // block) before the next, at the price of packing B again for every block of rows.
+  // A scaled sum up to SCMAX slots (the fused SGD over 2048 tokens) is one k block: measured
+  // faster than finishing C blocks over several; NC shrinks to keep packed B within 4 MiB.
+  const bool scaled = alpha != 1.0f || SGD16;
+  const int64_t KCB = scaled && S <= SCMAX ? S : kc_for(S);
+  const int64_t panels = (int64_t(1) << 20) / KCB / NR,
+                NCB = lo(NC, (panels > 0 ? panels : 1) * NR);
+  const bool finish = scaled && S > KCB;
+  const int64_t per_thread = (MC + NCB) * KCB + (finish ? MC * NCB : 0);
+  // Called from inside a parallel loop (attention's blocks): this thread does it all, without
+  // the cost of entering a nested region.
+  const bool serial = omp_in_parallel() || omp_get_max_threads() == 1;
+  uint32_t* ws = workspace(per_thread * (serial ? 1 : omp_get_max_threads()));
+  // Each thread owns a band of C (columns, or rows when there are more rows) and runs the
+  // blocked product on it with its own packing buffers: no barriers, and B or A is packed
+  // straight from memory into the cache that uses it.
+  const auto band = [&](int t, int nt) {
+    int64_t m0 = 0, m1 = M, n0 = 0, n1 = N;
+    if (N / NR >= M / MR) {
+      const int64_t np = (N + NR - 1) / NR;
+      n0 = lo(N, np * t / nt * NR), n1 = lo(N, np * (t + 1) / nt * NR);
+    } else {
+      const int64_t mp = (M + MR - 1) / MR;
+      m0 = lo(M, mp * t / nt * MR), m1 = lo(M, mp * (t + 1) / nt * MR);
+    }
+    uint32_t* Bp = ws + per_thread * t;
+    uint32_t* Ap = Bp + NCB * KCB;
+    float* Tp = reinterpret_cast<float*>(Ap + MC * KCB);  // [MC, NCB] partial sums (finish)
+    constexpr int kLines = 2048;
+    const char* lines[kLines];
+    for (int64_t jc = n0; jc < n1; jc += NCB) {
+      const int64_t nc = lo(NCB, n1 - jc);
+      for (int64_t icf = m0; icf < (finish ? m1 : m0 + 1); icf += MC)  // finish: rows outside
+        for (int64_t pc = 0; pc < S; pc += KCB) {
+          const int64_t kc = lo(KCB, S - pc);
+          const bool last = pc + kc == S;
+          // One block of rows: pack each B panel just before its tiles, the next one's
+          // source already in flight. Several: pack the B block once for all of them.
+          const bool stream = m1 - m0 <= MC;
+          if (!stream)
+            for (int64_t jr = 0; jr < nc; jr += NR)
+              Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
+          for (int64_t ic = finish ? icf : m0; ic < (finish ? lo(m1, icf + MC) : m1); ic += MC) {
+            const int64_t mc = lo(MC, m1 - ic), mt = (mc + MR - 1) / MR * MR;
+            for (int64_t ir = 0; ir < mc; ir += MR)
+              Kern::template pack<SL>(Ap + ir * kc, A, M, K, ic + ir, MR, pc, kc);
+            for (int64_t jr = 0; jr < nc; jr += NR) {
+              int npf = 0;  // next panel's lines, handed out to this panel's tiles
+              if (stream) {
+                Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
+                if (jr + NR < nc)
+                  npf = panel_lines<SL>(lines, kLines, B, N, K, jc + jr + NR, NR, pc, kc);
+                else if (!last)  // the next k block's first panel
+                  npf = panel_lines<SL>(lines, kLines, B, N, K, jc, NR, pc + kc,
+                                        lo(KCB, S - pc - kc));
+              }
+              const int per_tile = int((npf + (mc + MR - 1) / MR - 1) / ((mc + MR - 1) / MR));
+              for (int64_t ir = 0; ir < mc; ir += MR) {
+                const int mr = int(lo(MR, mc - ir)), nr = int(lo(NR, nc - jr));
+                const uint32_t *a = Ap + ir * kc, *b = Bp + jr * kc;
+                float* c = tile<SGD16>(C, (ic + ir) * ldc + jc + jr);
+                float* tp = Tp + ir * NCB + jr;
+                {  // C of the tile four ahead (short sums leave DRAM latency exposed)
+                  int64_t pi = ir + 4 * MR, pj = jr;
+                  if (pi >= mt) pi -= mt, pj += NR;
+                  if (pj < nc && pi < mc)
+                    for (int r = 0; r < int(lo(MR, mc - pi)); ++r) {
+                      const char* cr = reinterpret_cast<const char*>(
+                          tile<SGD16>(C, (ic + pi + r) * ldc + jc + pj));
+                      _mm_prefetch(cr, _MM_HINT_T0);
+                      _mm_prefetch(cr + (SGD16 ? 2 : 4) * NR - 1, _MM_HINT_T0);
+                    }
+                }
+                const int t0 = int(ir / MR) * per_tile;
+                const char* const* pf = lines + t0;
+                const int np = int(lo(per_tile, lo(kc, npf - t0 > 0 ? npf - t0 : 0)));
+                if (!finish)
+                  Kern::template micro<SL, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate || pc > 0,
+                                                  last ? alpha : 1.0f, nullptr, 0, pf, np);
+                else if (!last)
+                  Kern::template micro<SL, false>(kc, a, b, tp, NCB, mr, nr, pc > 0, 1.0f, nullptr,
+                                                  0, pf, np);
+                else
+                  Kern::template micro<SL, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate, alpha, tp,
+                                                  NCB, pf, np);
+              }
+            }
+          }
+        }
+    }
+  };
+  if (serial) return band(0, 1);
+#pragma omp parallel
+  band(omp_get_thread_num(), omp_get_num_threads());
+}
+
+// The optax bf16 step: alpha is bf16(-lr), as fp32.
+template <class Kern>
+void gemm_sgd16(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, int64_t ldw,
+                float lr) {
+  const uint32_t step = uint32_t(to_bf16(-lr)) << 16;
+  float alpha;
+  std::memcpy(&alpha, &step, 4);
+  gemm<Kern, true, true>(M, N, K, A, B, reinterpret_cast<float*>(W), ldw, true, alpha);
+}
+
+}  // namespace
+}  // namespace tq::cpu
