@@ -4,7 +4,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -18,7 +17,15 @@ namespace tq::cpu {
 // exp for the vectorized loops (libm's is a call per element): 2^n p(r), r = x - n ln2 in
 // [-ln2/2, ln2/2], Cephes' degree-6 polynomial; within 2 ulp of exp over the normal range
 // (tested against std::exp), 0 below it, inf above, NaN kept. Branch-free, so `omp simd`
-// loops that call it vectorize.
+// loops that call it vectorize: with AVX2 only because this file is built with
+// -fno-trapping-math (GCC will not turn its selects into blends otherwise), and only with
+// plain selects and memcpy (std::clamp and std::bit_cast defeat GCC 12's vectorizer).
+static inline float pow2i(int32_t n) {  // 2^n, n in [-126, 127]
+  const int32_t i = (n + 127) << 23;
+  float f;
+  std::memcpy(&f, &i, 4);
+  return f;
+}
 static inline float vexp(float x) {
   const float n = std::nearbyint(x * 1.44269504f);
   float r = std::fma(n, -0.693359375f, x);
@@ -31,10 +38,9 @@ static inline float vexp(float x) {
   p = std::fma(p, r, 5.0000001201e-1f);
   p = std::fma(p * r, r, r) + 1.0f;
   // 2^n as two factors: n reaches 128 just below the overflow bound
-  const int32_t n1 = int32_t(std::clamp(n, -128.0f, 128.0f)) / 2,
-                n2 = int32_t(std::clamp(n, -128.0f, 128.0f)) - n1;
-  const float y =
-      p * std::bit_cast<float>((n1 + 127) << 23) * std::bit_cast<float>((n2 + 127) << 23);
+  const float nc = n < -128.0f ? -128.0f : n > 128.0f ? 128.0f : n;
+  const int32_t n1 = int32_t(nc) / 2, n2 = int32_t(nc) - n1;
+  const float y = p * pow2i(n1) * pow2i(n2);
   return x < -87.33654f ? 0.0f : x > 88.72283f ? INFINITY : x != x ? x : y;
 }
 float exp_for_tests(float x) {
