@@ -9,6 +9,8 @@ cmake --build "$root/build" -j"$jobs"
 (cd "$root/build" && ctest --output-on-failure -j"$jobs")
 # Sanitizers on the C++ unit tests (hostile files included); the parity tests are the
 # release build's job.
-cmake -S "$root" -B "$root/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTQ_SANITIZE=ON >/dev/null
+# (CUDA is the release build's: its runtime and ASan's shadow memory do not mix.)
+cmake -S "$root" -B "$root/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTQ_SANITIZE=ON \
+  -DTQ_CUDA=OFF >/dev/null
 cmake --build "$root/build-asan" -j"$jobs" --target tq_tests tiny-qwen3
 (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$jobs" -E 'torch')

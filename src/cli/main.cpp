@@ -17,6 +17,7 @@
 #include "core/common.h"
 #include "cpu/gemm.h"
 #include "cpu/layers.h"
+#include "cuda/ops.h"
 #include "io/checkpoint.h"
 #include "io/export.h"
 #include "io/model_file.h"
@@ -35,7 +36,7 @@ struct TrainArgs {
   bool preset_given = false;
   int64_t seq_len = 32, batch_size = 1, seed = 0, steps = 20;
   double lr = 0.05;
-  int threads = 0;
+  int threads = 0, device = 0;
   bool profile = false;
 };
 
@@ -91,9 +92,13 @@ void check_output_file(const std::string& out) {
     throw Error(out + " is a folder; give a file name");
 }
 
-// Every flag, the output paths, and the memory the run plans (returned) against the machine.
-MemoryPlan validate(const TrainArgs& a) {
-  if (a.backend != "cpu") throw Error("unknown backend '" + a.backend + "' (this build has: cpu)");
+// Every flag, the output paths, and the memory the run plans (returned) against the machine
+// (for --backend cuda, against the device, which `gpu` then describes).
+MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr) {
+  if (a.backend != "cpu" && a.backend != "cuda")
+    throw Error("unknown backend '" + a.backend + "' (this build has: cpu" +
+                (cuda_built() ? ", cuda)" : "; cuda needs a build with the CUDA toolkit)"));
+  if (a.device < 0) throw Error("--device must be a GPU index, got " + std::to_string(a.device));
   const Config& c = preset(a.preset);
   parse_dtype(a.dtype);
   if (a.seq_len < 1 || a.seq_len > c.max_ctx)
@@ -111,18 +116,28 @@ MemoryPlan validate(const TrainArgs& a) {
   for (const std::string& out : {a.output, a.dump_first_step})
     if (!out.empty()) check_output_file(out);
   const MemoryPlan plan = memory_plan(c, parse_dtype(a.dtype), a.batch_size, a.seq_len);
-  // + init's and the checkpoint writer's per-tensor fp32 buffers
+  // + init's and the checkpoint writer's per-tensor fp32 buffers (on the host)
   const double largest = double(std::max(c.V * c.C, 2 * c.qkv_rows() * c.C));
-  const double need = double(plan.total()) + 2 * largest * sizeof(float);
-  const double have = available_memory_bytes();
-  if (need > have) {
-    char msg[256];
+  const double buffers = 2 * largest * sizeof(float);
+  const bool cuda = a.backend == "cuda";
+  const auto refuse = [&](double need, double have, const char* where) {
+    char msg[320];
     std::snprintf(msg, sizeof msg,
-                  "%s at B=%lld, T=%lld needs %.1f GiB (parameters, gradients, activations), "
-                  "only %.1f GiB available",
+                  "%s at B=%lld, T=%lld needs %.1f GiB (parameters, gradients, activations%s), "
+                  "only %.1f GiB available %s",
                   c.name.c_str(), (long long)a.batch_size, (long long)a.seq_len, need / (1 << 30),
-                  have / (1 << 30));
+                  cuda ? ", scratch" : "", have / (1 << 30), where);
     throw Error(msg);
+  };
+  const double host_need = cuda ? buffers : double(plan.total()) + buffers;
+  if (host_need > available_memory_bytes())
+    refuse(host_need, available_memory_bytes(), "in host memory");
+  if (cuda) {
+    const CudaDevice d = cuda_device(a.device);  // Error if none
+    // the kernels' own scratch (reduction partials, per-row losses) is a few MiB
+    const double need = double(plan.total()) + 64.0 * (1 << 20);
+    if (need > double(d.free)) refuse(need, double(d.free), ("on " + d.describe()).c_str());
+    if (gpu) *gpu = d;
   }
   return plan;
 }
@@ -161,23 +176,28 @@ int train(TrainArgs a) {
     src = open_model_file(a.init_from);
     a.preset = resolve_preset(*src, a.preset_given ? a.preset : "").name;
   }
-  const MemoryPlan plan = validate(a);
+  std::optional<CudaDevice> gpu;
+  const MemoryPlan plan = validate(a, &gpu);
   const Config& c = preset(a.preset);
   const DType dtype = parse_dtype(a.dtype);
   const int nthreads = a.threads ? a.threads : default_threads();
   cpu::set_threads(nthreads);
-  std::printf("device: CPU(threads=%d, %s)\n", nthreads, cpu_isa().c_str());
+  if (gpu)
+    std::printf("device: %s\n", gpu->describe().c_str());
+  else
+    std::printf("device: CPU(threads=%d, %s)\n", nthreads, cpu_isa().c_str());
   const ParamLayout layout = make_layout(c);
   std::printf("parameters: %s\n", with_commas(int64_t(layout.total)).c_str());
   const double mib = 1.0 / (1 << 20);
   std::printf(
-      "memory: %.1f MiB planned (parameters %.1f, gradients %.1f, activations %.1f, "
+      "memory: %.1f MiB planned%s (parameters %.1f, gradients %.1f, activations %.1f, "
       "scratch %.1f)\n",
-      plan.total() * mib, plan.params * mib, plan.grads * mib, plan.activations * mib,
-      plan.scratch * mib);
+      plan.total() * mib, gpu ? " on the device" : "", plan.params * mib, plan.grads * mib,
+      plan.activations * mib, plan.scratch * mib);
   std::fflush(stdout);
 
-  Qwen3 model(c, dtype, a.batch_size, a.seq_len, a.profile ? profiled(cpu_ops()) : cpu_ops());
+  const Ops& ops = gpu ? cuda_ops() : cpu_ops();
+  Qwen3 model(c, dtype, a.batch_size, a.seq_len, a.profile ? profiled(ops) : ops);
   const ParamSink sink = [&](size_t off, const float* x, size_t n) { model.set_params(x, off, n); };
   if (src) {
     load_params(*src, c, sink);
@@ -204,6 +224,7 @@ int train(TrainArgs a) {
     std::chrono::duration<double, std::milli> untimed{0};
     if (s != 1 || a.dump_first_step.empty()) {
       model.backward_sgd(float(a.lr));  // no gradient kept where the backend fuses the step
+      ops.sync();
     } else {
       model.backward();  // parameters as trained (bf16-rounded)
       const auto d0 = std::chrono::steady_clock::now();
@@ -355,7 +376,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   TrainArgs a;
   CLI::App* tr = app.add_subcommand("train", "train on the walkthrough's fixed batch with SGD");
-  tr->add_option("--backend", a.backend, "cpu")->capture_default_str();
+  tr->add_option("--backend", a.backend, "cpu, or cuda (an NVIDIA GPU, sm_80 and newer)")
+      ->capture_default_str();
+  tr->add_option("--device", a.device, "GPU index for --backend cuda")->capture_default_str();
   CLI::Option* preset_opt =
       tr->add_option("--preset", a.preset,
                      "debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B (with --init-from: inferred)")

@@ -108,6 +108,7 @@ const Ops& cpu_ops() {
       cpu::round_bf16_inplace,
       sgd_update_f32,
       sgd_update_bf16,
+      [] {},
   };
   return ops;
 }

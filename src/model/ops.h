@@ -69,6 +69,9 @@ struct Ops {
   // w -= lr * g over fp32 arrays, or, for bf16 arrays, as optax computes it in bf16
   void (*sgd_update_f32)(float* w, const float* g, int64_t n, float lr);
   void (*sgd_update_bf16)(uint16_t* w, const uint16_t* g, int64_t n, float lr);
+  // Waits for the work queued so far (a device backend runs kernels asynchronously) and
+  // reports its errors; a no-op on the CPU. Step timings and the profiler call it.
+  void (*sync)();
 };
 
 const Ops& cpu_ops();

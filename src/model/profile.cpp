@@ -16,10 +16,12 @@ template <typename R, typename... A, R (*Ops::*M)(A...)>
 struct Wrap<M> {
   static inline size_t index = 0;
   static R call(A... a) {
+    g_inner->sync();  // a device backend's kernels run asynchronously: time them whole
     const auto t0 = std::chrono::steady_clock::now();
     struct Done {  // also when R is void
       std::chrono::steady_clock::time_point t0;
       ~Done() {
+        g_inner->sync();
         KernelTime& k = g_times[index];
         k.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         ++k.calls;

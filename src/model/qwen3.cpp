@@ -46,9 +46,10 @@ static int64_t final_act_size(const Config& c, int64_t N) {
 }
 static std::vector<int64_t> scratch_sizes(const Config& c, int64_t B, int64_t T) {
   const int64_t N = B * T, HD = c.H * c.D, KD = c.KVH * c.D;
-  // qkv, tmp, dres, dtmp, dxn, dab, dm, datt, dq, dk, dv, dqr, dkr, cos, sin
-  return {N * c.qkv_rows(), N * c.C, N * c.C, N * c.C, N * c.C, N * 2 * c.F, N * c.F,    N * HD,
-          N * HD,           N * KD,  N * KD,  N * HD,  N * KD,  T * c.D / 2, T * c.D / 2};
+  // qkv, tmp, dres, dtmp, dxn, dab, dm, datt, dq, dk, dv, dqr, dkr, tokens, targets, cos, sin
+  return {N * c.qkv_rows(), N * c.C, N * c.C, N * c.C,     N * c.C,    N * 2 * c.F,
+          N * c.F,          N * HD,  N * HD,  N * KD,      N * KD,     N * HD,
+          N * KD,           N,       N,       T * c.D / 2, T * c.D / 2};
 }
 static int64_t sum(const std::vector<int64_t>& v) {
   int64_t s = 0;
@@ -92,11 +93,14 @@ Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& op
   rstdf_ = p, p += N_;
   logits_ = p, p += N_ * cfg.V;
   lse_ce_ = p;
-  float** sviews[] = {&qkv_, &tmp_, &dres_, &dtmp_, &dxn_, &dab_, &dm_, &datt_,
-                      &dq_,  &dk_,  &dv_,   &dqr_,  &dkr_, &cos_, &sin_};
+  float* ids[2];  // tokens, targets: int32 in the backend's memory, as the kernels read them
+  float** sviews[] = {&qkv_, &tmp_, &dres_, &dtmp_, &dxn_,   &dab_,   &dm_,  &datt_, &dq_,
+                      &dk_,  &dv_,  &dqr_,  &dkr_,  &ids[0], &ids[1], &cos_, &sin_};
   const std::vector<int64_t> ss = scratch_sizes(cfg, B, T);
   p = scratch_;
   for (size_t i = 0; i < ss.size(); ++i) *sviews[i] = p, p += ss[i];
+  tokens_ = reinterpret_cast<int32_t*>(ids[0]);
+  targets_ = reinterpret_cast<int32_t*>(ids[1]);
   if (dtype == DType::bf16) {
     wbuf_ = p;
     gbuf_ = p + largest_param(layout_);
@@ -196,9 +200,12 @@ double Qwen3::forward(const Batch& batch) {
   const Config& c = cfg_;
   const Ops& o = ops_;
   const int64_t N = N_, C = c.C, H = c.H, K = c.KVH, D = c.D, F = c.F, QKV = c.qkv_rows();
-  tokens_ = batch.tokens;
-  targets_ = batch.targets;
-  o.embedding_forward(la_[0].res, tokens_.data(), weight(layout_.tok_emb, c.V * C), N, C);
+  if (int64_t(batch.tokens.size()) != N || int64_t(batch.targets.size()) != N)
+    throw Error("batch of " + std::to_string(batch.tokens.size()) + " tokens, model built for " +
+                std::to_string(N));
+  o.upload(tokens_, batch.tokens.data(), size_t(N) * 4);
+  o.upload(targets_, batch.targets.data(), size_t(N) * 4);
+  o.embedding_forward(la_[0].res, tokens_, weight(layout_.tok_emb, c.V * C), N, C);
   for (int64_t l = 0; l < c.L; ++l) {
     const ParamLayout::Layer& w = layout_.layers[l];
     const LayerActs& a = la_[l];
@@ -240,7 +247,7 @@ double Qwen3::forward(const Batch& batch) {
   rb(xnf_, N * C);
   linear_forward(logits_, xnf_, layout_.lm_head, C, c.V);
   rb(logits_, N * c.V);
-  return o.crossentropy_forward(lse_ce_, logits_, targets_.data(), N, c.V);
+  return o.crossentropy_forward(lse_ce_, logits_, targets_, N, c.V);
 }
 
 void Qwen3::backward() {
@@ -254,7 +261,7 @@ void Qwen3::backward() {
     o.zero(grads_, layout_.total * dtype_size(dtype_));
   // Each parameter-gradient call is bracketed by grad(off, n) ... grad_done(off, n).
   // logits -> dlogits in place
-  o.crossentropy_backward(logits_, logits_, lse_ce_, targets_.data(), N, c.V, 1.0 / N);
+  o.crossentropy_backward(logits_, logits_, lse_ce_, targets_, N, c.V, 1.0 / N);
   rb(logits_, N * c.V);
   const size_t head = layout_.lm_head, fnorm = layout_.norm;
   linear_backward(dxn_, logits_, xnf_, head, C, c.V);
@@ -301,7 +308,7 @@ void Qwen3::backward() {
     o.add_inplace(dres_, rb(dtmp_, N * C), N * C);  // dres is now d(res of layer l)
     rb(dres_, N * C);
   }
-  o.embedding_backward(grad(layout_.tok_emb, c.V * C), dres_, tokens_.data(), N, C);
+  o.embedding_backward(grad(layout_.tok_emb, c.V * C), dres_, tokens_, N, C);
   grad_done(layout_.tok_emb, c.V * C);
 }
 

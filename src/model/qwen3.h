@@ -93,7 +93,7 @@ class Qwen3 {
   float *res_final_, *xnf_, *rstdf_, *logits_, *lse_ce_;  // final norm + head
   float *qkv_, *tmp_, *dres_, *dtmp_, *dxn_, *dab_, *dm_, *datt_, *dq_, *dk_, *dv_, *dqr_, *dkr_;
   float *cos_, *sin_;
-  std::vector<int32_t> tokens_, targets_;
+  int32_t *tokens_, *targets_;  // [N] of the last forward, in the backend's memory
 };
 
 }  // namespace tq
