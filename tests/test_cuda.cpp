@@ -3,6 +3,7 @@
 // reason, where there is no CUDA build or no device.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -230,10 +231,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
                                            AttnShape{2, 300, 4, 2, 128},
                                            AttnShape{1, 70, 8, 1, 200}),
                          [](const ::testing::TestParamInfo<AttnShape>& i) {
-                           const AttnShape& a = i.param;
-                           return "B" + std::to_string(a.B) + "_T" + std::to_string(a.T) + "_H" +
-                                  std::to_string(a.H) + "_KVH" + std::to_string(a.KVH) + "_D" +
-                                  std::to_string(a.D);
+                           const AttnShape& a = i.param;  // (snprintf: GCC 12's -Wrestrict
+                           char b[96];                    // misfires on string + chains)
+                           std::snprintf(b, sizeof b, "B%lld_T%lld_H%lld_KVH%lld_D%lld",
+                                         (long long)a.B, (long long)a.T, (long long)a.H,
+                                         (long long)a.KVH, (long long)a.D);
+                           return std::string(b);
                          });
 
 // The whole step on the GPU against the CPU: first-step loss and every gradient, then SGD.
