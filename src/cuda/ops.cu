@@ -55,6 +55,7 @@ struct Scratch {
   template <typename T>
   T* get(size_t n) {
     if (n * sizeof(T) > cap) {
+      check(cudaDeviceSynchronize(), "kernels");  // queued kernels may still read the old one
       if (p) check(cudaFree(p), "free scratch");
       cap = n * sizeof(T) + n * sizeof(T) / 4;
       check(cudaMalloc(&p, cap), "scratch");
