@@ -34,9 +34,11 @@ nvidia-smi -L 2>/dev/null || echo "(no nvidia-smi)"
 # 1. kernel and model tests
 timeout 120 "$tests" --gtest_filter='Cuda*:Shapes/CudaAttention*' >"$out/tests" 2>&1
 rc=$?
-tail -3 "$out/tests"
-if grep -q "SKIPPED" "$out/tests" && ! grep -q "PASSED.* [1-9]" "$out/tests"; then rc=1; fi
-row "CUDA kernel and model tests" "$(grep -o '[0-9]* tests\? ran' "$out/tests" | head -1) $(verdict $((rc == 0)))"
+passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$out/tests")
+skipped=$(grep -c '^\[  SKIPPED \] .*(' "$out/tests")
+ok=0; [ "$rc" = 0 ] && [ "$skipped" = 0 ] && [ -n "$passed" ] && ok=1
+[ "$ok" = 1 ] || grep -m1 -A1 -E 'Skipped|Failure' "$out/tests"
+row "CUDA kernel and model tests" "${passed:-0} passed, $skipped skipped $(verdict $ok)"
 
 # 2. the walkthrough on both backends: fp32 every step, bf16 step 5 and the final loss
 losses() { sed -n 's/^step \([0-9]*\): loss=\([0-9.]*\).*/\2/p' "$1"; }
@@ -46,7 +48,7 @@ for dt in float32 bfloat16; do
       >"$out/$be-$dt.log" 2>&1 || true
   done
 done
-grep '^device' "$out/cuda-float32.log" || { cat "$out/cuda-float32.log"; }
+grep '^device' "$out/cuda-float32.log" || grep -m1 error "$out/cuda-float32.log"
 d32=$(paste <(losses "$out/cuda-float32.log") <(losses "$out/cpu-float32.log") |
   awk 'NF == 2 { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; n++ } END { if (n == 20) printf "%.2e", m; else print "missing" }')
 ok=0; [ "$d32" != missing ] && lt "$d32" 1e-4 && ok=1

@@ -16,7 +16,7 @@ mkdir -p "$out/lib"
 cp -f "$out/tests/tq_tests" "$out/tq_tests"
 # everything ldd resolves outside glibc and the CUDA toolkit (the GPU machine brings those)
 for b in "$out/tiny-qwen3" "$out/tq_tests"; do
-  ldd "$b" | awk '$3 ~ /^\// { print $3 }' |
+  ldd "$b" | awk '$3 ~ /^\// { print $3 }' | grep -v "^$out/lib/" |
     grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so|/libcu|/libnv' |
     while read -r lib; do cp -fL "$lib" "$out/lib/"; done
 done
