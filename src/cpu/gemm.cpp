@@ -54,12 +54,11 @@ const GemmSet* gemm_set(Isa isa) {
   (void)isa;
   return nullptr;
 #else
-  static const GemmSet k512bf16 = {"avx512_bf16", avx512::gemm_f32, avx512::gemm_bf16,
-                                   avx512::gemm_bf16_sgd};
-  static const GemmSet k512 = {"avx512", avx512::gemm_f32, avx2::gemm_bf16, avx2::gemm_bf16_sgd};
-  static const GemmSet k2 = {"avx2", avx2::gemm_f32, avx2::gemm_bf16, avx2::gemm_bf16_sgd};
-  if (isa == Isa::avx512) return cpu_avx512bf16() ? &k512bf16 : cpu_avx512() ? &k512 : nullptr;
-  return cpu_avx2() ? &k2 : nullptr;
+  static const GemmSet k512 = {"avx512", avx512::kernels.f32, avx2::kernels.bf16,
+                               avx2::kernels.bf16_sgd};
+  if (isa == Isa::avx512)
+    return cpu_avx512bf16() ? &avx512::kernels : cpu_avx512() ? &k512 : nullptr;
+  return cpu_avx2() ? &avx2::kernels : nullptr;
 #endif
 }
 

@@ -49,17 +49,13 @@ void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_
 void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, int64_t ldw,
                    float lr);
 
-// The per-instruction-set entry points behind gemm_set (gemm_avx512.cpp, gemm_avx2.cpp):
-// compiled for those instructions, they fault on CPUs without them.
+// The per-instruction-set kernels behind gemm_set (gemm_avx512.cpp, gemm_avx2.cpp): compiled
+// for those instructions, they fault on CPUs without them.
 namespace avx512 {
-void gemm_f32(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float);
-void gemm_bf16(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float);
-void gemm_bf16_sgd(int64_t, int64_t, int64_t, View, View, uint16_t*, int64_t, float);
-}  // namespace avx512
+extern const GemmSet kernels;
+}
 namespace avx2 {
-void gemm_f32(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float);
-void gemm_bf16(int64_t, int64_t, int64_t, View, View, float*, int64_t, bool, float);
-void gemm_bf16_sgd(int64_t, int64_t, int64_t, View, View, uint16_t*, int64_t, float);
-}  // namespace avx2
+extern const GemmSet kernels;
+}
 
 }  // namespace tq::cpu

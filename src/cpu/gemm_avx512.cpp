@@ -254,18 +254,8 @@ struct Kern {
 }  // namespace
 
 namespace avx512 {
-void gemm_f32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
-              bool accumulate, float alpha) {
-  gemm<Kern, false>(M, N, K, A, B, C, ldc, accumulate, alpha);
-}
-void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
-               bool accumulate, float alpha) {
-  gemm<Kern, true>(M, N, K, A, B, C, ldc, accumulate, alpha);
-}
-void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, int64_t ldw,
-                   float lr) {
-  gemm_sgd16<Kern>(M, N, K, A, B, W, ldw, lr);
-}
+extern const GemmSet kernels = {"avx512_bf16", gemm<Kern, false>, gemm<Kern, true>,
+                                gemm_sgd16<Kern>};
 }  // namespace avx512
 
 }  // namespace tq::cpu

@@ -91,25 +91,22 @@ __device__ inline float warp_max(float v) {
   return v;
 }
 // Every thread gets the block's sum / max; `red` is 32 floats of shared memory.
-__device__ float block_sum(float v, float* red) {
+template <bool MAX>
+__device__ float block_reduce(float v, float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  v = warp_sum(v);
-  __syncthreads();
+  v = MAX ? warp_max(v) : warp_sum(v);
+  __syncthreads();  // the previous reduction's readers are done with red
   if (lane == 0) red[warp] = v;
   __syncthreads();
-  float t = 0;
-  for (int w = 0; w < nw; ++w) t += red[w];
+  float t = red[0];
+  for (int w = 1; w < nw; ++w) t = MAX ? fmaxf(t, red[w]) : t + red[w];
   return t;
 }
+__device__ float block_sum(float v, float* red) {
+  return block_reduce<false>(v, red);
+}
 __device__ float block_max(float v, float* red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float t = -INFINITY;
-  for (int w = 0; w < nw; ++w) t = fmaxf(t, red[w]);
-  return t;
+  return block_reduce<true>(v, red);
 }
 
 // ---- memory ----
