@@ -101,6 +101,15 @@ bind "$repo"
 for blas in /usr/lib/*/openblas-openmp; do
   if [ -d "$blas" ] && [ -d "$root$blas" ]; then mount --bind "$blas" "$root$blas"; fi
 done
+# A build with the CUDA backend also links the toolkit's cuBLAS (RUNPATH /usr/local/cuda/...):
+# the toolkit at its own paths, best effort (CPU-only builds do not need it).
+for cu in /usr/local/cuda*; do
+  if [ -L "$cu" ]; then
+    [ -e "$root$cu" ] || [ -L "$root$cu" ] || ln -s "$(readlink "$cu")" "$root$cu" 2>/dev/null || true
+  elif [ -d "$cu" ]; then
+    { mkdir -p "$root$cu" && mount --bind "$cu" "$root$cu"; } 2>/dev/null || true
+  fi
+done
 env=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8)
 for v in PYTHONPATH TINY_QWEN3 PYTHONUNBUFFERED OMP_NUM_THREADS OPENBLAS_CORETYPE OPENBLAS_NUM_THREADS TERM; do
   if [ -n "${!v+set}" ]; then env+=("$v=${!v}"); fi
