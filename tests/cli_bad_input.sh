@@ -40,6 +40,10 @@ expect_error "negative learning rate" train --learning-rate -0.1 $out
 expect_error "nan learning rate" train --learning-rate nan $out
 expect_error "zero batch" train --batch-size 0 $out
 expect_error "unknown backend" train --backend tpu $out
+expect_error "negative --device" train --backend cuda --device -1 $out
+expect_error "non-numeric --device" train --backend cuda --device first $out
+# no GPU, no CUDA build, or no device 9999: one line, whichever this machine is
+expect_error "CUDA device that is not there" train --backend cuda --device 9999 $out
 expect_error "unwritable output folder" train --output /nonexistent/dir/x.pt
 expect_error "preset too large for memory" train --preset 32B $out
 mkdir "$dir/folder"

@@ -55,6 +55,17 @@ TEST(Qwen3, ForwardMatchesTheReferenceModel) {
   }
 }
 
+// A batch of another size than the model was built for is an error, not a read past the end.
+TEST(Qwen3, RefusesABatchOfAnotherSize) {
+  const Config c = tiny();
+  Qwen3 m(c, DType::f32, 2, 13, cpu_ops());
+  EXPECT_THROW(m.forward(fixed_batch(1, 13, c.V)), Error);
+  Batch b = fixed_batch(2, 13, c.V);
+  b.targets.pop_back();
+  EXPECT_THROW(m.forward(b), Error);
+  EXPECT_NO_THROW(m.forward(fixed_batch(2, 13, c.V)));
+}
+
 // The analytic gradient against a directional finite difference of the reference model.
 TEST(Qwen3, GradientMatchesFiniteDifferences) {
   for (bool tied : {true, false}) {

@@ -49,11 +49,6 @@ std::string with_commas(int64_t v) {
   return r;
 }
 
-// Which matmul kernels this run uses (cpu/gemm.h checks the CPU and TQ_CPU).
-std::string cpu_isa() {
-  return cpu::kernels_name();
-}
-
 double available_memory_bytes() {
   std::ifstream f("/proc/meminfo");
   std::string line;
@@ -130,8 +125,8 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
     throw Error(msg);
   };
   const double host_need = cuda ? buffers : double(plan.total()) + buffers;
-  if (host_need > available_memory_bytes())
-    refuse(host_need, available_memory_bytes(), "in host memory");
+  const double host_have = available_memory_bytes();
+  if (host_need > host_have) refuse(host_need, host_have, "in host memory");
   if (cuda) {
     const CudaDevice d = cuda_device(a.device);  // Error if none
     // the kernels' own scratch (reduction partials, per-row losses) is a few MiB
@@ -185,7 +180,7 @@ int train(TrainArgs a) {
   if (gpu)
     std::printf("device: %s\n", gpu->describe().c_str());
   else
-    std::printf("device: CPU(threads=%d, %s)\n", nthreads, cpu_isa().c_str());
+    std::printf("device: CPU(threads=%d, %s)\n", nthreads, cpu::kernels_name());
   const ParamLayout layout = make_layout(c);
   std::printf("parameters: %s\n", with_commas(int64_t(layout.total)).c_str());
   const double mib = 1.0 / (1 << 20);
