@@ -161,12 +161,16 @@ inline __m256 sgd_bf16(__m256 w, __m256 g, __m256 step) {
 }
 
 // The micro-kernel of gemm_driver.h; SGD16: C is a bf16 weight taking the step above.
-template <bool SGD16>
+// ROWA: A is not packed but MR fp32 rows in place, element (r, s) at A[r * lda + s] (rows
+// past mr read row 0; their sums are dropped).
+template <bool SGD16, bool ROWA = false>
 void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
            int64_t ldc, int mr, int nr, bool acc, float alpha, const float* init, int64_t ldi,
-           const char* const* pf, int npf) {
+           const char* const* pf, int npf, int64_t lda = 0) {
   const float* a = reinterpret_cast<const float*>(A);
   const float* b = reinterpret_cast<const float*>(B);
+  const float* ar[MR];
+  for (int r = 0; r < MR; ++r) ar[r] = a + (r < mr ? r * lda : 0);
   __m256 c0[MR], c1[MR];
 #pragma GCC unroll 6
   for (int r = 0; r < MR; ++r) {
@@ -187,7 +191,7 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
     _mm_prefetch(reinterpret_cast<const char*>(b + s * NR + 8 * NR), _MM_HINT_T0);
 #pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) {
-      const __m256 x = _mm256_broadcast_ss(a + s * MR + r);
+      const __m256 x = _mm256_broadcast_ss(ROWA ? ar[r] + s : a + s * MR + r);
       c0[r] = _mm256_fmadd_ps(x, b0, c0[r]);
       c1[r] = _mm256_fmadd_ps(x, b1, c1[r]);
     }
@@ -240,6 +244,31 @@ struct Kern {
                     int nr, bool acc, float alpha, const float* init, int64_t ldi,
                     const char* const* pf, int npf) {
     cpu::micro<SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf);
+  }
+  // gemm_skinny: C[mr, nr] (+)= A[mr rows, S] (fp32 in place, row stride lda) x Bp[S][NR]
+  // into an aligned [MR][NR] buffer T, then Cᵀ[nr, mr] <- T. (Read back as the vectors it
+  // was written with: scalar reads of fresh vector stores would stall on store forwarding.)
+  static constexpr bool kRowA = true;
+  static void store_t(float* C, int64_t ldc, const float* T, int mr, int nr) {
+    for (int h = 0; h < nr; h += 8) {
+      __m256 t[8];
+      for (int r = 0; r < 8; ++r) t[r] = r < mr ? _mm256_load_ps(T + r * NR + h) : _mm256_setzero_ps();
+      transpose8(t);  // t[c]: token h + c, rows 0..7
+      for (int c = 0; c < 8 && h + c < nr; ++c) {
+        float* p = C + (h + c) * ldc;
+        if (mr == 6) {
+          _mm_storeu_ps(p, _mm256_castps256_ps128(t[c]));
+          _mm_storel_pi(reinterpret_cast<__m64*>(p + 4), _mm256_extractf128_ps(t[c], 1));
+        } else {
+          store_f32(p, mr, t[c]);
+        }
+      }
+    }
+  }
+  static void micro_rowa(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,
+                         int64_t ldc, int mr, int nr, bool acc, const char* const* pf, int npf) {
+    cpu::micro<false, true>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr, nr, acc, 1.0f,
+                            nullptr, 0, pf, npf, lda);
   }
 };
 

@@ -138,6 +138,52 @@ int64_t kc_for(int64_t S) {
   return ((S + nb - 1) / nb + 7) / 8 * 8;
 }
 
+// C[M, N] = A Bᵀ with few rows in A (W1's 32 tokens) and B fp32 rows contiguous in k (the
+// weights of out = x Wᵀ): the roles swap, Cᵀ = B Aᵀ, so that the kernel broadcasts the
+// weights straight from memory, MR rows at a time (no transposing pack of B, no rounding of
+// 32 rows up to tiles of MR), and only the small A is packed. Each tile sums its k blocks
+// in a small buffer exactly as gemm() sums them into C: the same bits as gemm().
+template <class Kern>
+void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc) {
+  constexpr int MR = Kern::MR, NR = Kern::NR;
+  const int64_t KCB = kc_for(K), np = (M + NR - 1) / NR;
+  uint32_t* Ap = workspace(np * NR * K);  // per k block pc: panels jr at Ap + pc*np*NR + jr*kc
+  for (int64_t pc = 0; pc < K; pc += KCB)
+    for (int64_t jr = 0; jr < M; jr += NR)
+      Kern::template pack<Slot::f32>(Ap + pc * np * NR + jr * lo(KCB, K - pc), A, M, K, jr, NR, pc,
+                                     lo(KCB, K - pc));
+  const float* W = static_cast<const float*>(B.p);
+  const auto band = [&](int t, int nt) {
+    const int64_t mp = (N + MR - 1) / MR, n0 = lo(N, mp * t / nt * MR),
+                  n1 = lo(N, mp * (t + 1) / nt * MR);
+    alignas(64) float acc[MR * NR];
+    constexpr int kLines = 512;
+    const char* lines[kLines];
+    for (int64_t i = n0; i < n1; i += MR) {
+      const int mr = int(lo(MR, n1 - i));
+      for (int64_t jr = 0; jr < M; jr += NR) {
+        const int nr = int(lo(NR, M - jr));
+        for (int64_t pc = 0; pc < K; pc += KCB) {
+          const int64_t kc = lo(KCB, K - pc);
+          // The first pass over these rows reads them from DRAM: fetch the next tile's rows
+          // (the same k block) into L2 on the way, a line per slot.
+          int npf = 0;
+          if (jr == 0)
+            for (int64_t r = i + MR; r < lo(n1, i + 2 * MR); ++r)
+              for (int64_t b = 0; b < kc * 4 && npf < kLines; b += 64)
+                lines[npf++] = reinterpret_cast<const char*>(W + r * B.rs + pc) + b;
+          Kern::micro_rowa(kc, W + i * B.rs + pc, B.rs, Ap + pc * np * NR + jr * kc, acc, NR, mr,
+                           nr, pc > 0, lines, int(lo(npf, kc)));
+        }
+        Kern::store_t(C + jr * ldc + i, ldc, acc, mr, nr);
+      }
+    }
+  };
+  if (omp_in_parallel() || omp_get_max_threads() == 1) return band(0, 1);
+#pragma omp parallel
+  band(omp_get_thread_num(), omp_get_num_threads());
+}
+
 // micro<SL, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf): the sum over S
 // slots starts from zero, or from `init` (fp32 partial sums, row stride ldi) when given; it
 // is stored as C = sum (alpha != 1: sum * alpha), with acc C += sum (alpha != 1:
@@ -149,6 +195,9 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
   constexpr int MR = Kern::MR, NR = Kern::NR;
   if (M <= 0 || N <= 0) return;
+  if constexpr (Kern::kRowA && !BF && !SGD16)
+    if (M <= 4 * NR && !accumulate && alpha == 1.0f && B.ks == 1 && !B.bf16 && K > 0)
+      return gemm_skinny<Kern>(M, N, K, A, B, C, ldc);
   const int64_t S = (K + per_slot(SL) - 1) / per_slot(SL);  // slots
   if (S == 0) {                                             // empty sum
     if (!accumulate)
@@ -196,6 +245,9 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           // One block of rows: pack each B panel just before its tiles, the next one's
           // source already in flight. Several: pack the B block once for all of them.
           const bool stream = m1 - m0 <= MC;
+          // Short sums over many rows (the SGD step over 32 tokens): the traffic is C, read
+          // and written once; tiles along its rows keep that to MR streams from DRAM.
+          const bool by_rows = !stream && kc <= 64;
           if (!stream)
             for (int64_t jr = 0; jr < nc; jr += NR)
               Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
@@ -203,6 +255,40 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
             const int64_t mc = lo(MC, m1 - ic), mt = (mc + MR - 1) / MR * MR;
             for (int64_t ir = 0; ir < mc; ir += MR)
               Kern::template pack<SL>(Ap + ir * kc, A, M, K, ic + ir, MR, pc, kc);
+            // One tile; pf[0..np) are lines of the next B panel to fetch on the way.
+            const auto run_tile = [&](int64_t ir, int64_t jr, const char* const* pf, int np) {
+              const int mr = int(lo(MR, mc - ir)), nr = int(lo(NR, nc - jr));
+              const uint32_t *a = Ap + ir * kc, *b = Bp + jr * kc;
+              float* c = tile<SGD16>(C, (ic + ir) * ldc + jc + jr);
+              float* tp = Tp + ir * NCB + jr;
+              if (!finish)
+                Kern::template micro<SL, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate || pc > 0,
+                                                last ? alpha : 1.0f, nullptr, 0, pf, np);
+              else if (!last)
+                Kern::template micro<SL, false>(kc, a, b, tp, NCB, mr, nr, pc > 0, 1.0f, nullptr,
+                                                0, pf, np);
+              else
+                Kern::template micro<SL, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate, alpha, tp,
+                                                NCB, pf, np);
+            };
+            const auto prefetch_c = [&](int64_t pi, int64_t pj) {
+              for (int r = 0; r < int(lo(MR, mc - pi)); ++r) {
+                const char* cr =
+                    reinterpret_cast<const char*>(tile<SGD16>(C, (ic + pi + r) * ldc + jc + pj));
+                _mm_prefetch(cr, _MM_HINT_T0);
+                _mm_prefetch(cr + (SGD16 ? 2 : 4) * NR - 1, _MM_HINT_T0);
+              }
+            };
+            if (by_rows) {  // C is the traffic: walk it along its rows (few DRAM streams)
+              for (int64_t ir = 0; ir < mc; ir += MR)
+                for (int64_t jr = 0; jr < nc; jr += NR) {
+                  int64_t pi = ir, pj = jr + 4 * NR;  // the tile four ahead
+                  if (pj >= nc) pj -= (nc + NR - 1) / NR * NR, pi += MR;
+                  if (pi < mc && pj < nc) prefetch_c(pi, pj);
+                  run_tile(ir, jr, nullptr, 0);
+                }
+              continue;
+            }
             for (int64_t jr = 0; jr < nc; jr += NR) {
               int npf = 0;  // next panel's lines, handed out to this panel's tiles
               if (stream) {
@@ -215,33 +301,13 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
               }
               const int per_tile = int((npf + (mc + MR - 1) / MR - 1) / ((mc + MR - 1) / MR));
               for (int64_t ir = 0; ir < mc; ir += MR) {
-                const int mr = int(lo(MR, mc - ir)), nr = int(lo(NR, nc - jr));
-                const uint32_t *a = Ap + ir * kc, *b = Bp + jr * kc;
-                float* c = tile<SGD16>(C, (ic + ir) * ldc + jc + jr);
-                float* tp = Tp + ir * NCB + jr;
                 {  // C of the tile four ahead (short sums leave DRAM latency exposed)
                   int64_t pi = ir + 4 * MR, pj = jr;
                   if (pi >= mt) pi -= mt, pj += NR;
-                  if (pj < nc && pi < mc)
-                    for (int r = 0; r < int(lo(MR, mc - pi)); ++r) {
-                      const char* cr = reinterpret_cast<const char*>(
-                          tile<SGD16>(C, (ic + pi + r) * ldc + jc + pj));
-                      _mm_prefetch(cr, _MM_HINT_T0);
-                      _mm_prefetch(cr + (SGD16 ? 2 : 4) * NR - 1, _MM_HINT_T0);
-                    }
+                  if (pj < nc && pi < mc) prefetch_c(pi, pj);
                 }
                 const int t0 = int(ir / MR) * per_tile;
-                const char* const* pf = lines + t0;
-                const int np = int(lo(per_tile, lo(kc, npf - t0 > 0 ? npf - t0 : 0)));
-                if (!finish)
-                  Kern::template micro<SL, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate || pc > 0,
-                                                  last ? alpha : 1.0f, nullptr, 0, pf, np);
-                else if (!last)
-                  Kern::template micro<SL, false>(kc, a, b, tp, NCB, mr, nr, pc > 0, 1.0f, nullptr,
-                                                  0, pf, np);
-                else
-                  Kern::template micro<SL, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate, alpha, tp,
-                                                  NCB, pf, np);
+                run_tile(ir, jr, lines + t0, int(lo(per_tile, lo(kc, npf - t0 > 0 ? npf - t0 : 0))));
               }
             }
           }
