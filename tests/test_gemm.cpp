@@ -146,7 +146,7 @@ TEST(Gemm, Bf16MatchesPlainSumsOverShapesAndLayouts) {
   run(true);
 }
 
-// Few rows against k-contiguous fp32 weights take gemm_skinny (the roles swapped); the
+// Few rows against fp32 weights (k- or row-contiguous) take gemm_skinny (the roles swapped); the
 // rows it computes are bit for bit those of the general path, which a taller A takes.
 TEST(Gemm, SkinnyProductsMatchTheGeneralPathBitForBit) {
   FOR_EACH_SET(set) {
@@ -156,12 +156,15 @@ TEST(Gemm, SkinnyProductsMatchTheGeneralPathBitForBit) {
         for (int64_t K : {3, 256, 3072}) {
           const int64_t tall = 100;
           const Operand A = make(tall, K, Layout::kcontig, false, false, seed++);
-          const Operand B = make(N, K, Layout::kcontig, false, false, seed++);
-          std::vector<float> all(size_t(tall * N)), few(size_t(M * N));
-          set->f32(tall, N, K, A.view, B.view, all.data(), N, false, 1.0f);
-          set->f32(M, N, K, A.view, B.view, few.data(), N, false, 1.0f);
-          ASSERT_TRUE(std::equal(few.begin(), few.end(), all.begin()))
-              << set->name << ": M=" << M << " N=" << N << " K=" << K;
+          for (Layout lb : {Layout::kcontig, Layout::rcontig}) {  // out = x Wᵀ, dx = dout W
+            const Operand B = make(N, K, lb, false, false, seed++);
+            std::vector<float> all(size_t(tall * N)), few(size_t(M * N));
+            set->f32(tall, N, K, A.view, B.view, all.data(), N, false, 1.0f);
+            set->f32(M, N, K, A.view, B.view, few.data(), N, false, 1.0f);
+            ASSERT_TRUE(std::equal(few.begin(), few.end(), all.begin()))
+                << set->name << ": M=" << M << " N=" << N << " K=" << K << " layout "
+                << int(lb);
+          }
         }
   }
 }

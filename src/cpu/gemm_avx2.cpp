@@ -161,16 +161,16 @@ inline __m256 sgd_bf16(__m256 w, __m256 g, __m256 step) {
 }
 
 // The micro-kernel of gemm_driver.h; SGD16: C is a bf16 weight taking the step above.
-// ROWA: A is not packed but MR fp32 rows in place, element (r, s) at A[r * lda + s] (rows
+// INPLACE: A is not packed but fp32 in place, element (r, s) at A[r * ra + s * sa] (rows
 // past mr read row 0; their sums are dropped).
-template <bool SGD16, bool ROWA = false>
+template <bool SGD16, bool INPLACE = false>
 void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
            int64_t ldc, int mr, int nr, bool acc, float alpha, const float* init, int64_t ldi,
-           const char* const* pf, int npf, int64_t lda = 0) {
+           const char* const* pf, int npf, int64_t ra = 0, int64_t sa = 0) {
   const float* a = reinterpret_cast<const float*>(A);
   const float* b = reinterpret_cast<const float*>(B);
   const float* ar[MR];
-  for (int r = 0; r < MR; ++r) ar[r] = a + (r < mr ? r * lda : 0);
+  for (int r = 0; r < MR; ++r) ar[r] = a + (r < mr ? r * ra : 0);
   __m256 c0[MR], c1[MR];
 #pragma GCC unroll 6
   for (int r = 0; r < MR; ++r) {
@@ -188,10 +188,10 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
   }
   const auto slot = [&](int64_t s) {
     const __m256 b0 = _mm256_load_ps(b + s * NR), b1 = _mm256_load_ps(b + s * NR + 8);
-    _mm_prefetch(reinterpret_cast<const char*>(b + s * NR + 8 * NR), _MM_HINT_T0);
+    if (!INPLACE) _mm_prefetch(reinterpret_cast<const char*>(a + s * MR + 16 * MR), _MM_HINT_T0);
 #pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) {
-      const __m256 x = _mm256_broadcast_ss(ROWA ? ar[r] + s : a + s * MR + r);
+      const __m256 x = _mm256_broadcast_ss(INPLACE ? ar[r] + s * sa : a + s * MR + r);
       c0[r] = _mm256_fmadd_ps(x, b0, c0[r]);
       c1[r] = _mm256_fmadd_ps(x, b1, c1[r]);
     }
@@ -245,10 +245,10 @@ struct Kern {
                     const char* const* pf, int npf) {
     cpu::micro<SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf);
   }
-  // gemm_skinny: C[mr, nr] (+)= A[mr rows, S] (fp32 in place, row stride lda) x Bp[S][NR]
+  // gemm_skinny: C[mr, nr] (+)= A[mr, S] (fp32 in place, strides ra, sa) x Bp[S][NR]
   // into an aligned [MR][NR] buffer T, then Cᵀ[nr, mr] <- T. (Read back as the vectors it
   // was written with: scalar reads of fresh vector stores would stall on store forwarding.)
-  static constexpr bool kRowA = true;
+  static constexpr bool kInPlaceA = true;
   static void store_t(float* C, int64_t ldc, const float* T, int mr, int nr) {
     for (int h = 0; h < nr; h += 8) {
       __m256 t[8];
@@ -265,10 +265,11 @@ struct Kern {
       }
     }
   }
-  static void micro_rowa(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,
-                         int64_t ldc, int mr, int nr, bool acc, const char* const* pf, int npf) {
+  static void micro_inplace(int64_t S, const float* A, int64_t ra, int64_t sa, const uint32_t* B,
+                            float* C, int64_t ldc, int mr, int nr, bool acc, const char* const* pf,
+                            int npf) {
     cpu::micro<false, true>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr, nr, acc, 1.0f,
-                            nullptr, 0, pf, npf, lda);
+                            nullptr, 0, pf, npf, ra, sa);
   }
 };
 

@@ -142,7 +142,8 @@ int64_t kc_for(int64_t S) {
 // weights of out = x Wᵀ): the roles swap, Cᵀ = B Aᵀ, so that the kernel broadcasts the
 // weights straight from memory, MR rows at a time (no transposing pack of B, no rounding of
 // 32 rows up to tiles of MR), and only the small A is packed. Each tile sums its k blocks
-// in a small buffer exactly as gemm() sums them into C: the same bits as gemm().
+// in a small buffer exactly as gemm() sums them into C: the same bits as gemm(). (dx =
+// dout W the same way, broadcasting across W's rows, measured 30 % slower than packing.)
 template <class Kern>
 void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
@@ -165,15 +166,18 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int6
         const int nr = int(lo(NR, M - jr));
         for (int64_t pc = 0; pc < K; pc += KCB) {
           const int64_t kc = lo(KCB, K - pc);
-          // The first pass over these rows reads them from DRAM: fetch the next tile's rows
+          // The first pass over these rows reads them from DRAM: fetch the next tile's
           // (the same k block) into L2 on the way, a line per slot.
           int npf = 0;
-          if (jr == 0)
-            for (int64_t r = i + MR; r < lo(n1, i + 2 * MR); ++r)
+          if (jr == 0 && i + MR < n1) {
+            const int64_t r0 = i + MR, r1 = lo(n1, i + 2 * MR) - 1;  // rows of the next tile
+            for (int64_t r = r0; r <= r1; ++r)
               for (int64_t b = 0; b < kc * 4 && npf < kLines; b += 64)
                 lines[npf++] = reinterpret_cast<const char*>(W + r * B.rs + pc) + b;
-          Kern::micro_rowa(kc, W + i * B.rs + pc, B.rs, Ap + pc * np * NR + jr * kc, acc, NR, mr,
-                           nr, pc > 0, lines, int(lo(npf, kc)));
+          }
+          Kern::micro_inplace(kc, W + i * B.rs + pc * B.ks, B.rs, B.ks,
+                              Ap + pc * np * NR + jr * kc, acc, NR, mr, nr, pc > 0, lines,
+                              int(lo(npf, kc)));
         }
         Kern::store_t(C + jr * ldc + i, ldc, acc, mr, nr);
       }
@@ -195,7 +199,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
   constexpr int MR = Kern::MR, NR = Kern::NR;
   if (M <= 0 || N <= 0) return;
-  if constexpr (Kern::kRowA && !BF && !SGD16)
+  if constexpr (Kern::kInPlaceA && !BF && !SGD16)
     if (M <= 4 * NR && !accumulate && alpha == 1.0f && B.ks == 1 && !B.bf16 && K > 0)
       return gemm_skinny<Kern>(M, N, K, A, B, C, ldc);
   const int64_t S = (K + per_slot(SL) - 1) / per_slot(SL);  // slots
@@ -214,7 +218,10 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   const int64_t panels = (int64_t(1) << 20) / KCB / NR,
                 NCB = lo(NC, (panels > 0 ? panels : 1) * NR);
   const bool finish = scaled && S > KCB;
-  const int64_t per_thread = (MC + NCB) * KCB + (finish ? MC * NCB : 0);
+  // A long scaled sum packed as one block is still summed by sub-blocks of KCMAX slots (the
+  // partial sums in Tp, as for finish), so that B sub-panels stay in L1 across their tiles.
+  const bool split = scaled && !finish && S > KCMAX;
+  const int64_t per_thread = (MC + NCB) * KCB + (finish || split ? MC * NCB : 0);
   // Called from inside a parallel loop (attention's blocks): this thread does it all, without
   // the cost of entering a nested region.
   const bool serial = omp_in_parallel() || omp_get_max_threads() == 1;
@@ -253,8 +260,14 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
               Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
           for (int64_t ic = finish ? icf : m0; ic < (finish ? lo(m1, icf + MC) : m1); ic += MC) {
             const int64_t mc = lo(MC, m1 - ic), mt = (mc + MR - 1) / MR * MR;
-            for (int64_t ir = 0; ir < mc; ir += MR)
-              Kern::template pack<SL>(Ap + ir * kc, A, M, K, ic + ir, MR, pc, kc);
+            if (split)  // by sub-blocks, each contiguous: [s0][ir][slot][MR]
+              for (int64_t s0 = 0; s0 < kc; s0 += KCMAX)
+                for (int64_t ir = 0; ir < mc; ir += MR)
+                  Kern::template pack<SL>(Ap + s0 * mt + ir * lo(KCMAX, kc - s0), A, M, K, ic + ir,
+                                          MR, pc + s0, lo(KCMAX, kc - s0));
+            else
+              for (int64_t ir = 0; ir < mc; ir += MR)
+                Kern::template pack<SL>(Ap + ir * kc, A, M, K, ic + ir, MR, pc, kc);
             // One tile; pf[0..np) are lines of the next B panel to fetch on the way.
             const auto run_tile = [&](int64_t ir, int64_t jr, const char* const* pf, int np) {
               const int mr = int(lo(MR, mc - ir)), nr = int(lo(NR, nc - jr));
@@ -279,6 +292,32 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
                 _mm_prefetch(cr + (SGD16 ? 2 : 4) * NR - 1, _MM_HINT_T0);
               }
             };
+            if (split) {  // each tile summed by sub-blocks, in the same order either way
+              const auto part = [&](int64_t s0, int64_t ir, int64_t jr) {
+                const int64_t sn = lo(KCMAX, kc - s0);
+                const int mr = int(lo(MR, mc - ir)), nr = int(lo(NR, nc - jr));
+                const uint32_t *a = Ap + s0 * mt + ir * sn, *b = Bp + jr * kc + s0 * NR;
+                float* tp = Tp + ir * NCB + jr;
+                if (s0 + sn < kc)
+                  Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, s0 > 0, 1.0f, nullptr,
+                                                  0, nullptr, 0);
+                else
+                  Kern::template micro<SL, SGD16>(sn, a, b, tile<SGD16>(C, (ic + ir) * ldc + jc + jr),
+                                                  ldc, mr, nr, accumulate, alpha, tp, NCB, nullptr,
+                                                  0);
+              };
+              if (!stream)  // a B sub-panel stays in L1 across the tiles of a column
+                for (int64_t s0 = 0; s0 < kc; s0 += KCMAX)
+                  for (int64_t jr = 0; jr < nc; jr += NR)
+                    for (int64_t ir = 0; ir < mc; ir += MR) part(s0, ir, jr);
+              else
+                for (int64_t jr = 0; jr < nc; jr += NR) {
+                  Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
+                  for (int64_t s0 = 0; s0 < kc; s0 += KCMAX)
+                    for (int64_t ir = 0; ir < mc; ir += MR) part(s0, ir, jr);
+                }
+              continue;
+            }
             if (by_rows) {  // C is the traffic: walk it along its rows (few DRAM streams)
               for (int64_t ir = 0; ir < mc; ir += MR)
                 for (int64_t jr = 0; jr < nc; jr += NR) {
