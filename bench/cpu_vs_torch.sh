@@ -3,7 +3,8 @@
 # and SGD update in python/train_tiny_qwen3.py) measured in the same run, the same dtype,
 # threads and batch, for W1 = the walkthrough (B=1, T=32) and W2 = (B=8, T=256), debugmodel.
 # One table: median ms/step after warm-up, tokens/s, GFLOP/s (TorchTitan's count, the
-# `speed:` line), % of this machine's measured peak (bench/peak.cpp), the ratio to PyTorch's
+# `speed:` line), % of this machine's measured peak (bench/peak.cpp) by that count and by
+# the causal count (attention's masked half not counted: W2 445 GFLOP), the ratio to PyTorch's
 # best configuration ({libblas.so.3, BLIS} x {1, THREADS} threads), and tiny-qwen3's peak
 # RSS against the memory it plans (parameters, gradients, activations, scratch).
 # usage: bench/cpu_vs_torch.sh [THREADS] [STEPS] [WORKLOADS]   e.g. 2 10 "W1 W2"
@@ -51,8 +52,8 @@ torch_best() {  # dtype B T -> "ms config", ms prefixed with ">" when every conf
   done
   if [ -n "$best" ]; then echo "$best"; else echo ">$bound"; fi
 }
-printf "%-4s %-9s %9s %9s %8s %6s %11s %-11s %7s %14s\n" work dtype "ms/step" "tokens/s" "GFLOP/s" \
-  "%peak" "pytorch ms" "(config)" ratio "RSS/plan MiB"
+printf "%-4s %-9s %9s %9s %8s %6s %8s %11s %-11s %7s %14s\n" work dtype "ms/step" "tokens/s" "GFLOP/s" \
+  "%peak" "%peak(c)" "pytorch ms" "(config)" ratio "RSS/plan MiB"
 for w in $workloads; do
   case $w in W1) B=1 T=32 ;; W2) B=8 T=256 ;; *) echo "unknown workload $w" >&2; exit 2 ;; esac
   for dtype in float32 bfloat16; do
@@ -67,8 +68,12 @@ for w in $workloads; do
     [ "$dtype" = bfloat16 ] && k=bf16
     gt=""
     [ "${theirs#>}" != "$theirs" ] && gt=">"  # a bound: PyTorch timed out
-    printf "%-4s %-9s %9s %9s %8s %5.1f%% %11s %-11s %7s %14s\n" "$w" "$dtype" "$ms" "$tps" "$gf" \
-      "$(echo "100 * $gf / ${peak[$k]}" | bc -l)" "$theirs" "$cfg" \
+    # %peak(c): the causal count -- attention's 6 L H D (T+1) per token instead of
+    # TorchTitan's dense 12 L H D T (debugmodel: L=8, H=16, D=128) -- the work a step needs
+    gfc=$(echo "$gf - $B * $T * 8 * 16 * 128 * (12 * $T - 6 * ($T + 1)) / ($ms * 1000000)" | bc -l)
+    printf "%-4s %-9s %9s %9s %8s %5.1f%% %7.1f%% %11s %-11s %7s %14s\n" "$w" "$dtype" "$ms" "$tps" \
+      "$gf" "$(echo "100 * $gf / ${peak[$k]}" | bc -l)" "$(echo "100 * $gfc / ${peak[$k]}" | bc -l)" \
+      "$theirs" "$cfg" \
       "$gt$(printf "%.2fx" "$(echo "${theirs#>} / $ms" | bc -l)")" "$rss/$plan"
   done
 done
