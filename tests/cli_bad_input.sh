@@ -44,6 +44,10 @@ expect_error "negative --device" train --backend cuda --device -1 $out
 expect_error "non-numeric --device" train --backend cuda --device first $out
 # no GPU, no CUDA build, or no device 9999: one line, whichever this machine is
 expect_error "CUDA device that is not there" train --backend cuda --device 9999 $out
+# the CUDA backend's plugin missing, or not a plugin (a CUDA build; else "no CUDA backend")
+TQ_CUDA_LIB=$dir/none.so expect_error "CUDA backend library missing" train --backend cuda $out
+echo "not a library" >"$dir/bad.so"
+TQ_CUDA_LIB=$dir/bad.so expect_error "CUDA backend library not a library" train --backend cuda $out
 expect_error "unwritable output folder" train --output /nonexistent/dir/x.pt
 expect_error "preset too large for memory" train --preset 32B $out
 mkdir "$dir/folder"

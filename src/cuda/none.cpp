@@ -7,9 +7,6 @@ namespace tq {
 bool cuda_built() {
   return false;
 }
-std::string CudaDevice::describe() const {
-  return "CUDA(none)";
-}
 CudaDevice cuda_device(int) {
   throw Error(
       "this build has no CUDA backend: configure it where nvcc is found (CUDA toolkit at "

@@ -551,20 +551,7 @@ void crossentropy_backward(float* dlogits, const float* logits, const float* lse
   LAUNCHED("crossentropy_backward");
 }
 
-}  // namespace
-
-bool cuda_built() {
-  return true;
-}
-
-std::string CudaDevice::describe() const {
-  char b[256];
-  std::snprintf(b, sizeof b, "CUDA(id=%d, %s, sm_%d, %.0f GiB)", id, name.c_str(), sm,
-                double(total) / double(1ull << 30));
-  return b;
-}
-
-CudaDevice cuda_device(int id) {
+CudaDevice open_device(int id) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e == cudaErrorInsufficientDriver)
@@ -586,7 +573,7 @@ CudaDevice cuda_device(int id) {
   return d;
 }
 
-const Ops& cuda_ops() {
+const Ops& device_ops() {
   static const Ops ops = {
       "cuda",
       dev_alloc,
@@ -628,4 +615,11 @@ const Ops& cuda_ops() {
   return ops;
 }
 
+}  // namespace
 }  // namespace tq
+
+// The plugin's one exported symbol (the rest is hidden: built with -fvisibility=hidden).
+extern "C" __attribute__((visibility("default"))) const tq::CudaPlugin* tq_cuda_plugin() {
+  static const tq::CudaPlugin p = {tq::kCudaPluginVersion, tq::open_device, tq::device_ops};
+  return &p;
+}

@@ -13,14 +13,28 @@ struct CudaDevice {
   std::string name;              // "NVIDIA H200"
   int sm;                        // 90 for sm_90
   size_t total, free;            // bytes of device memory
-  std::string describe() const;  // "CUDA(id=0, NVIDIA H200, sm_90, 139 GiB)"
+  std::string describe() const {  // "CUDA(id=0, NVIDIA H200, sm_90, 139 GiB)"
+    return "CUDA(id=" + std::to_string(id) + ", " + name + ", sm_" + std::to_string(sm) + ", " +
+           std::to_string((total + (size_t(1) << 29)) >> 30) + " GiB)";
+  }
 };
 
 bool cuda_built();  // this binary has the CUDA backend
-// Device `id`, made current; Error (one line: no driver, no device, id out of range) if not.
+// Device `id`, made current; Error (one line: no driver, no device, id out of range, the
+// backend's library missing) if not.
 CudaDevice cuda_device(int id);
 // The kernel table on the current device (cuda_device first). Pointers are device memory;
 // upload/download cross to the host.
 const Ops& cuda_ops();
+
+// The backend is a plugin, libtq_cuda.so next to the binary (src/cuda/plugin.cpp loads it on
+// the first call above): CPU runs never map the CUDA libraries. Its one exported symbol:
+struct CudaPlugin {
+  int version;  // kCudaPluginVersion of the build that made it
+  CudaDevice (*device)(int id);
+  const Ops& (*ops)();
+};
+constexpr int kCudaPluginVersion = 1;  // bump with any change to Ops, CudaDevice or this
+extern "C" const CudaPlugin* tq_cuda_plugin();
 
 }  // namespace tq
