@@ -146,26 +146,29 @@ TEST(Gemm, Bf16MatchesPlainSumsOverShapesAndLayouts) {
   run(true);
 }
 
-// Few rows against fp32 weights (k- or row-contiguous) take gemm_skinny (the roles swapped); the
-// rows it computes are bit for bit those of the general path, which a taller A takes.
+// Few rows against k-contiguous weights take gemm_skinny (the roles swapped); the rows it
+// computes are bit for bit those of the general path, which a taller A takes: both kinds,
+// fp32 and bf16 weights, and the row-contiguous layout (dx = dout W: the general path).
 TEST(Gemm, SkinnyProductsMatchTheGeneralPathBitForBit) {
   FOR_EACH_SET(set) {
     uint32_t seed = 7;
     for (int64_t M : {1, 17, 32, 64})
       for (int64_t N : {7, 256, 1030})
-        for (int64_t K : {3, 256, 3072}) {
-          const int64_t tall = 100;
-          const Operand A = make(tall, K, Layout::kcontig, false, false, seed++);
-          for (Layout lb : {Layout::kcontig, Layout::rcontig}) {  // out = x Wᵀ, dx = dout W
-            const Operand B = make(N, K, lb, false, false, seed++);
-            std::vector<float> all(size_t(tall * N)), few(size_t(M * N));
-            set->f32(tall, N, K, A.view, B.view, all.data(), N, false, 1.0f);
-            set->f32(M, N, K, A.view, B.view, few.data(), N, false, 1.0f);
-            ASSERT_TRUE(std::equal(few.begin(), few.end(), all.begin()))
-                << set->name << ": M=" << M << " N=" << N << " K=" << K << " layout "
-                << int(lb);
-          }
-        }
+        for (int64_t K : {3, 256, 3072})
+          for (Layout lb : {Layout::kcontig, Layout::rcontig})
+            for (int kind = 0; kind < 4; ++kind) {
+              const bool bf16 = kind & 1, bsrc = kind & 2;
+              const auto gemm = bf16 ? set->bf16 : set->f32;
+              const int64_t tall = 100;
+              const Operand A = make(tall, K, Layout::kcontig, false, false, seed++);
+              const Operand B = make(N, K, lb, bsrc, false, seed++);
+              std::vector<float> all(size_t(tall * N)), few(size_t(M * N));
+              gemm(tall, N, K, A.view, B.view, all.data(), N, false, 1.0f);
+              gemm(M, N, K, A.view, B.view, few.data(), N, false, 1.0f);
+              ASSERT_TRUE(std::equal(few.begin(), few.end(), all.begin()))
+                  << set->name << ": M=" << M << " N=" << N << " K=" << K << " layout "
+                  << int(lb) << " bf16 kind " << bf16 << " bf16 weights " << bsrc;
+            }
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu/gemm_driver.h"
 
@@ -160,17 +161,20 @@ inline __m256 sgd_bf16(__m256 w, __m256 g, __m256 step) {
   return round_bf16(_mm256_add_ps(w, round_bf16(_mm256_mul_ps(step, g))));
 }
 
+// Where the micro-kernel's A comes from: packed panels, or MR rows in place (fp32 or bf16
+// elements, row stride lda; rows past mr read row 0 and their sums are dropped).
+enum class ASrc { packed, f32_rows, bf16_rows };
+
 // The micro-kernel of gemm_driver.h; SGD16: C is a bf16 weight taking the step above.
-// INPLACE: A is not packed but fp32 in place, element (r, s) at A[r * ra + s * sa] (rows
-// past mr read row 0; their sums are dropped).
-template <bool SGD16, bool INPLACE = false>
+template <bool SGD16, ASrc AS = ASrc::packed>
 void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
            int64_t ldc, int mr, int nr, bool acc, float alpha, const float* init, int64_t ldi,
-           const char* const* pf, int npf, int64_t ra = 0, int64_t sa = 0) {
+           const char* const* pf, int npf, int64_t lda = 0) {
+  using AT = std::conditional_t<AS == ASrc::bf16_rows, uint16_t, float>;
   const float* a = reinterpret_cast<const float*>(A);
   const float* b = reinterpret_cast<const float*>(B);
-  const float* ar[MR];
-  for (int r = 0; r < MR; ++r) ar[r] = a + (r < mr ? r * ra : 0);
+  const AT* ar[MR];
+  for (int r = 0; r < MR; ++r) ar[r] = reinterpret_cast<const AT*>(A) + (r < mr ? r * lda : 0);
   __m256 c0[MR], c1[MR];
 #pragma GCC unroll 6
   for (int r = 0; r < MR; ++r) {
@@ -188,10 +192,15 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
   }
   const auto slot = [&](int64_t s) {
     const __m256 b0 = _mm256_load_ps(b + s * NR), b1 = _mm256_load_ps(b + s * NR + 8);
-    if (!INPLACE) _mm_prefetch(reinterpret_cast<const char*>(a + s * MR + 16 * MR), _MM_HINT_T0);
+    if (AS == ASrc::packed)
+      _mm_prefetch(reinterpret_cast<const char*>(a + s * MR + 16 * MR), _MM_HINT_T0);
 #pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) {
-      const __m256 x = _mm256_broadcast_ss(INPLACE ? ar[r] + s * sa : a + s * MR + r);
+      __m256 x;
+      if constexpr (AS == ASrc::bf16_rows)  // 16 copies of the bf16, shifted into the top halves
+        x = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_set1_epi16(short(ar[r][s])), 16));
+      else
+        x = _mm256_broadcast_ss(AS == ASrc::f32_rows ? ar[r] + s : a + s * MR + r);
       c0[r] = _mm256_fmadd_ps(x, b0, c0[r]);
       c1[r] = _mm256_fmadd_ps(x, b1, c1[r]);
     }
@@ -245,7 +254,7 @@ struct Kern {
                     const char* const* pf, int npf) {
     cpu::micro<SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf);
   }
-  // gemm_skinny: C[mr, nr] (+)= A[mr, S] (fp32 in place, strides ra, sa) x Bp[S][NR]
+  // gemm_skinny: C[mr, nr] (+)= A[mr, S] (in place, fp32 or bf16, row stride lda) x Bp[S][NR]
   // into an aligned [MR][NR] buffer T, then Cᵀ[nr, mr] <- T. (Read back as the vectors it
   // was written with: scalar reads of fresh vector stores would stall on store forwarding.)
   static constexpr bool kInPlaceA = true;
@@ -265,11 +274,16 @@ struct Kern {
       }
     }
   }
-  static void micro_inplace(int64_t S, const float* A, int64_t ra, int64_t sa, const uint32_t* B,
+  static void micro_inplace(int64_t S, const void* A, bool bf16, int64_t lda, const uint32_t* B,
                             float* C, int64_t ldc, int mr, int nr, bool acc, const char* const* pf,
                             int npf) {
-    cpu::micro<false, true>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr, nr, acc, 1.0f,
-                            nullptr, 0, pf, npf, ra, sa);
+    const auto a = static_cast<const uint32_t*>(A);
+    if (bf16)
+      cpu::micro<false, ASrc::bf16_rows>(S, a, B, C, ldc, mr, nr, acc, 1.0f, nullptr, 0, pf, npf,
+                                         lda);
+    else
+      cpu::micro<false, ASrc::f32_rows>(S, a, B, C, ldc, mr, nr, acc, 1.0f, nullptr, 0, pf, npf,
+                                        lda);
   }
 };
 

@@ -138,22 +138,24 @@ int64_t kc_for(int64_t S) {
   return ((S + nb - 1) / nb + 7) / 8 * 8;
 }
 
-// C[M, N] = A Bᵀ with few rows in A (W1's 32 tokens) and B fp32 rows contiguous in k (the
-// weights of out = x Wᵀ): the roles swap, Cᵀ = B Aᵀ, so that the kernel broadcasts the
-// weights straight from memory, MR rows at a time (no transposing pack of B, no rounding of
-// 32 rows up to tiles of MR), and only the small A is packed. Each tile sums its k blocks
-// in a small buffer exactly as gemm() sums them into C: the same bits as gemm(). (dx =
-// dout W the same way, broadcasting across W's rows, measured 30 % slower than packing.)
-template <class Kern>
+// C[M, N] = A Bᵀ with few rows in A (W1's 32 tokens) and B's rows contiguous in k (the
+// weights of out = x Wᵀ, fp32 or bf16): the roles swap, Cᵀ = B Aᵀ, so that the kernel
+// broadcasts the weights straight from memory, MR rows at a time (no transposing pack of B,
+// no rounding of 32 rows up to tiles of MR), and only the small A is packed (the bf16 kind
+// rounds it; B must then hold bf16 already). Each tile sums its k blocks in a small buffer
+// exactly as gemm() sums them into C: the same bits as gemm(). (dx = dout W the same way,
+// broadcasting across W's rows, measured 30 % slower than packing.)
+template <class Kern, bool BF>
 void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
-  const int64_t KCB = kc_for(K), np = (M + NR - 1) / NR;
+  constexpr Slot SL = BF ? Slot::bf16 : Slot::f32;
+  const int64_t KCB = kc_for(K), np = (M + NR - 1) / NR, es = B.bf16 ? 2 : 4;
   uint32_t* Ap = workspace(np * NR * K);  // per k block pc: panels jr at Ap + pc*np*NR + jr*kc
   for (int64_t pc = 0; pc < K; pc += KCB)
     for (int64_t jr = 0; jr < M; jr += NR)
-      Kern::template pack<Slot::f32>(Ap + pc * np * NR + jr * lo(KCB, K - pc), A, M, K, jr, NR, pc,
-                                     lo(KCB, K - pc));
-  const float* W = static_cast<const float*>(B.p);
+      Kern::template pack<SL>(Ap + pc * np * NR + jr * lo(KCB, K - pc), A, M, K, jr, NR, pc,
+                              lo(KCB, K - pc));
+  const char* W = static_cast<const char*>(B.p);
   const auto band = [&](int t, int nt) {
     const int64_t mp = (N + MR - 1) / MR, n0 = lo(N, mp * t / nt * MR),
                   n1 = lo(N, mp * (t + 1) / nt * MR);
@@ -169,13 +171,11 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int6
           // The first pass over these rows reads them from DRAM: fetch the next tile's
           // (the same k block) into L2 on the way, a line per slot.
           int npf = 0;
-          if (jr == 0 && i + MR < n1) {
-            const int64_t r0 = i + MR, r1 = lo(n1, i + 2 * MR) - 1;  // rows of the next tile
-            for (int64_t r = r0; r <= r1; ++r)
-              for (int64_t b = 0; b < kc * 4 && npf < kLines; b += 64)
-                lines[npf++] = reinterpret_cast<const char*>(W + r * B.rs + pc) + b;
-          }
-          Kern::micro_inplace(kc, W + i * B.rs + pc * B.ks, B.rs, B.ks,
+          if (jr == 0 && i + MR < n1)
+            for (int64_t r = i + MR; r < lo(n1, i + 2 * MR); ++r)
+              for (int64_t b = 0; b < kc * es && npf < kLines; b += 64)
+                lines[npf++] = W + (r * B.rs + pc) * es + b;
+          Kern::micro_inplace(kc, W + (i * B.rs + pc) * es, B.bf16, B.rs,
                               Ap + pc * np * NR + jr * kc, acc, NR, mr, nr, pc > 0, lines,
                               int(lo(npf, kc)));
         }
@@ -199,9 +199,9 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
   constexpr int MR = Kern::MR, NR = Kern::NR;
   if (M <= 0 || N <= 0) return;
-  if constexpr (Kern::kInPlaceA && !BF && !SGD16)
-    if (M <= 4 * NR && !accumulate && alpha == 1.0f && B.ks == 1 && !B.bf16 && K > 0)
-      return gemm_skinny<Kern>(M, N, K, A, B, C, ldc);
+  if constexpr (Kern::kInPlaceA && !SGD16 && (!BF || Kern::kBf16Slot == Slot::bf16))
+    if (M <= 4 * NR && !accumulate && alpha == 1.0f && B.ks == 1 && (!BF || B.bf16) && K > 0)
+      return gemm_skinny<Kern, BF>(M, N, K, A, B, C, ldc);
   const int64_t S = (K + per_slot(SL) - 1) / per_slot(SL);  // slots
   if (S == 0) {                                             // empty sum
     if (!accumulate)
