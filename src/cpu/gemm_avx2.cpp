@@ -98,7 +98,7 @@ inline void transpose8(__m256 r[8]) {
 
 inline void store_slot(uint32_t* d, int nr, __m256 x) {  // nr of the 8 lanes
   float* p = reinterpret_cast<float*>(d);
-  if (nr == 6) {  // an A panel (MR = 6)
+  if (nr == 6) {  // an A panel (MR = 6), or a row of a transposed tile
     _mm_storeu_ps(p, _mm256_castps256_ps128(x));
     return _mm_storel_pi(reinterpret_cast<__m64*>(p + 4), _mm256_extractf128_ps(x, 1));
   }
@@ -263,15 +263,8 @@ struct Kern {
       __m256 t[8];
       for (int r = 0; r < 8; ++r) t[r] = r < mr ? _mm256_load_ps(T + r * NR + h) : _mm256_setzero_ps();
       transpose8(t);  // t[c]: token h + c, rows 0..7
-      for (int c = 0; c < 8 && h + c < nr; ++c) {
-        float* p = C + (h + c) * ldc;
-        if (mr == 6) {
-          _mm_storeu_ps(p, _mm256_castps256_ps128(t[c]));
-          _mm_storel_pi(reinterpret_cast<__m64*>(p + 4), _mm256_extractf128_ps(t[c], 1));
-        } else {
-          store_f32(p, mr, t[c]);
-        }
-      }
+      for (int c = 0; c < 8 && h + c < nr; ++c)
+        store_slot(reinterpret_cast<uint32_t*>(C + (h + c) * ldc), mr, t[c]);
     }
   }
   static void micro_inplace(int64_t S, const void* A, bool bf16, int64_t lda, const uint32_t* B,

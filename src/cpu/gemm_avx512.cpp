@@ -250,9 +250,6 @@ struct Kern {
     cpu::micro<SL == Slot::bf16x2, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf);
   }
   static constexpr bool kInPlaceA = false;  // no gemm_skinny (not measured there yet)
-  static void micro_inplace(int64_t, const void*, bool, int64_t, const uint32_t*, float*, int64_t,
-                            int, int, bool, const char* const*, int) {}
-  static void store_t(float*, int64_t, const float*, int, int) {}
 };
 
 }  // namespace

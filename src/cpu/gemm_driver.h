@@ -260,29 +260,33 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
               Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
           for (int64_t ic = finish ? icf : m0; ic < (finish ? lo(m1, icf + MC) : m1); ic += MC) {
             const int64_t mc = lo(MC, m1 - ic), mt = (mc + MR - 1) / MR * MR;
-            if (split)  // by sub-blocks, each contiguous: [s0][ir][slot][MR]
-              for (int64_t s0 = 0; s0 < kc; s0 += KCMAX)
-                for (int64_t ir = 0; ir < mc; ir += MR)
-                  Kern::template pack<SL>(Ap + s0 * mt + ir * lo(KCMAX, kc - s0), A, M, K, ic + ir,
-                                          MR, pc + s0, lo(KCMAX, kc - s0));
-            else
+            // A by sub-blocks of `sub` slots, each contiguous: [s0][ir][slot][MR] (one sub-block
+            // of kc slots unless split).
+            const int64_t sub = split ? KCMAX : kc;
+            for (int64_t s0 = 0; s0 < kc; s0 += sub)
               for (int64_t ir = 0; ir < mc; ir += MR)
-                Kern::template pack<SL>(Ap + ir * kc, A, M, K, ic + ir, MR, pc, kc);
-            // One tile; pf[0..np) are lines of the next B panel to fetch on the way.
-            const auto run_tile = [&](int64_t ir, int64_t jr, const char* const* pf, int np) {
+                Kern::template pack<SL>(Ap + s0 * mt + ir * lo(sub, kc - s0), A, M, K, ic + ir, MR,
+                                        pc + s0, lo(sub, kc - s0));
+            // Sub-block s0 of one tile; pf[0..np) are lines of the next B panel to fetch on the
+            // way. Partial sums go to Tp until the tile's last slot (finish, split); the last
+            // store starts from them.
+            const auto run_tile = [&](int64_t ir, int64_t jr, int64_t s0, const char* const* pf,
+                                      int np) {
+              const int64_t sn = lo(sub, kc - s0);
               const int mr = int(lo(MR, mc - ir)), nr = int(lo(NR, nc - jr));
-              const uint32_t *a = Ap + ir * kc, *b = Bp + jr * kc;
+              const uint32_t *a = Ap + s0 * mt + ir * sn, *b = Bp + jr * kc + s0 * NR;
               float* c = tile<SGD16>(C, (ic + ir) * ldc + jc + jr);
               float* tp = Tp + ir * NCB + jr;
-              if (!finish)
-                Kern::template micro<SL, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate || pc > 0,
-                                                last ? alpha : 1.0f, nullptr, 0, pf, np);
-              else if (!last)
-                Kern::template micro<SL, false>(kc, a, b, tp, NCB, mr, nr, pc > 0, 1.0f, nullptr,
+              const bool earlier = (finish && pc > 0) || s0 > 0;  // partial sums in Tp
+              if ((finish && !last) || s0 + sn < kc)
+                Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, earlier, 1.0f, nullptr,
                                                 0, pf, np);
-              else
-                Kern::template micro<SL, SGD16>(kc, a, b, c, ldc, mr, nr, accumulate, alpha, tp,
+              else if (earlier)
+                Kern::template micro<SL, SGD16>(sn, a, b, c, ldc, mr, nr, accumulate, alpha, tp,
                                                 NCB, pf, np);
+              else
+                Kern::template micro<SL, SGD16>(sn, a, b, c, ldc, mr, nr, accumulate || pc > 0,
+                                                last ? alpha : 1.0f, nullptr, 0, pf, np);
             };
             const auto prefetch_c = [&](int64_t pi, int64_t pj) {
               for (int r = 0; r < int(lo(MR, mc - pi)); ++r) {
@@ -293,28 +297,15 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
               }
             };
             if (split) {  // each tile summed by sub-blocks, in the same order either way
-              const auto part = [&](int64_t s0, int64_t ir, int64_t jr) {
-                const int64_t sn = lo(KCMAX, kc - s0);
-                const int mr = int(lo(MR, mc - ir)), nr = int(lo(NR, nc - jr));
-                const uint32_t *a = Ap + s0 * mt + ir * sn, *b = Bp + jr * kc + s0 * NR;
-                float* tp = Tp + ir * NCB + jr;
-                if (s0 + sn < kc)
-                  Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, s0 > 0, 1.0f, nullptr,
-                                                  0, nullptr, 0);
-                else
-                  Kern::template micro<SL, SGD16>(sn, a, b, tile<SGD16>(C, (ic + ir) * ldc + jc + jr),
-                                                  ldc, mr, nr, accumulate, alpha, tp, NCB, nullptr,
-                                                  0);
-              };
               if (!stream)  // a B sub-panel stays in L1 across the tiles of a column
-                for (int64_t s0 = 0; s0 < kc; s0 += KCMAX)
+                for (int64_t s0 = 0; s0 < kc; s0 += sub)
                   for (int64_t jr = 0; jr < nc; jr += NR)
-                    for (int64_t ir = 0; ir < mc; ir += MR) part(s0, ir, jr);
+                    for (int64_t ir = 0; ir < mc; ir += MR) run_tile(ir, jr, s0, nullptr, 0);
               else
                 for (int64_t jr = 0; jr < nc; jr += NR) {
                   Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
-                  for (int64_t s0 = 0; s0 < kc; s0 += KCMAX)
-                    for (int64_t ir = 0; ir < mc; ir += MR) part(s0, ir, jr);
+                  for (int64_t s0 = 0; s0 < kc; s0 += sub)
+                    for (int64_t ir = 0; ir < mc; ir += MR) run_tile(ir, jr, s0, nullptr, 0);
                 }
               continue;
             }
@@ -324,7 +315,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
                   int64_t pi = ir, pj = jr + 4 * NR;  // the tile four ahead
                   if (pj >= nc) pj -= (nc + NR - 1) / NR * NR, pi += MR;
                   if (pi < mc && pj < nc) prefetch_c(pi, pj);
-                  run_tile(ir, jr, nullptr, 0);
+                  run_tile(ir, jr, 0, nullptr, 0);
                 }
               continue;
             }
@@ -346,7 +337,8 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
                   if (pj < nc && pi < mc) prefetch_c(pi, pj);
                 }
                 const int t0 = int(ir / MR) * per_tile;
-                run_tile(ir, jr, lines + t0, int(lo(per_tile, lo(kc, npf - t0 > 0 ? npf - t0 : 0))));
+                run_tile(ir, jr, 0, lines + t0,
+                         int(lo(per_tile, lo(kc, npf - t0 > 0 ? npf - t0 : 0))));
               }
             }
           }
