@@ -80,7 +80,8 @@ struct Case {
 };
 const Case kCases[] = {{1, 1, 1},     {1, 33, 7},     {5, 17, 3},     {12, 32, 64},
                        {13, 33, 65},  {32, 256, 256}, {31, 70, 385},  {100, 50, 2},
-                       {24, 800, 40}, {7, 1600, 33},  {40, 64, 1000}, {257, 97, 129}};
+                       {24, 800, 40}, {7, 1600, 33},  {40, 64, 1000}, {257, 97, 129},
+                       {300, 70, 40}};  // short sums over more rows than a block: C by rows
 
 void run_set(const cpu::GemmSet& set, bool bf16) {
   const auto gemm = bf16 ? set.bf16 : set.f32;
