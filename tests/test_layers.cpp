@@ -1,6 +1,7 @@
 // Every layer: the reference tier against finite differences (double), and the fast CPU
 // tier against the reference, forward and backward, over several shapes including odd ones.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <bit>
 #include <cmath>
@@ -174,6 +175,58 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
                                            AttnShape{3, 7, 6, 3, 4}, AttnShape{2, 9, 4, 4, 6},
                                            AttnShape{1, 6, 8, 1, 2}, AttnShape{1, 33, 4, 2, 16},
                                            AttnShape{2, 70, 2, 1, 4}, AttnShape{1, 130, 4, 2, 8}));
+
+// Attention on every kernel set this CPU can run (cpu/attention_driver.h), at shapes with
+// several query blocks, head dims that are no multiple of a tile and the model's own: against
+// the reference (fp32; the bf16 kind on bf16 inputs), and bit for bit at 1 and 2 threads.
+TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
+  for (const AttnShape sh : {AttnShape{1, 200, 4, 2, 128}, AttnShape{2, 97, 3, 1, 20},
+                             AttnShape{1, 300, 2, 2, 33}, AttnShape{3, 16, 2, 1, 7}}) {
+    const auto [B, T, H, KVH, D] = sh;
+    const int nq = B * T * H * D, nk = B * T * KVH * D;
+    for (const cpu::Isa isa : {cpu::Isa::avx2, cpu::Isa::avx512}) {
+      const cpu::GemmSet* set = cpu::gemm_set(isa);
+      if (!set) continue;
+      for (const int bf : {0, 1}) {
+        std::vector<float> qf = to_f(randn(nq, 1)), kf = to_f(randn(nk, 2)),
+                           vf = to_f(randn(nk, 3)), Gf = to_f(randn(nq, 4));
+        if (bf)
+          for (auto* x : {&qf, &kf, &vf, &Gf}) cpu::round_bf16_inplace(x->data(), int64_t(x->size()));
+        Vec o(nq), lse(B * H * T), dq(nq), dk(nk), dv(nk);
+        ref::attention_forward(o.data(), lse.data(), to_d(qf).data(), to_d(kf).data(),
+                               to_d(vf).data(), B, T, H, KVH, D);
+        ref::attention_backward(dq.data(), dk.data(), dv.data(), to_d(Gf).data(), o.data(),
+                                lse.data(), to_d(qf).data(), to_d(kf).data(), to_d(vf).data(), B,
+                                T, H, KVH, D);
+        std::vector<float> out[2], grads[2];
+        for (const int threads : {2, 1}) {
+          omp_set_num_threads(threads);
+          std::vector<float> of(nq), lsef(B * H * T), dqf(nq, 3.0f), dkf(nk, 3.0f), dvf(nk, 3.0f);
+          set->attn_fwd[bf](of.data(), lsef.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH,
+                            D);
+          set->attn_bwd[bf](dqf.data(), dkf.data(), dvf.data(), Gf.data(), of.data(), lsef.data(),
+                            qf.data(), kf.data(), vf.data(), B, T, H, KVH, D);
+          const double tol = bf ? 1e-2 : kFast;
+          const std::string what = std::string(set->name) + (bf ? " bf16" : " f32") + " T=" +
+                                   std::to_string(T) + " D=" + std::to_string(D);
+          EXPECT_LT(rel_l2(of, o), tol) << what;
+          EXPECT_LT(rel_l2(lsef, lse), kFast) << what;
+          EXPECT_LT(rel_l2(dqf, dq), tol) << what;
+          EXPECT_LT(rel_l2(dkf, dk), tol) << what;  // overwritten, not accumulated
+          EXPECT_LT(rel_l2(dvf, dv), tol) << what;
+          out[threads - 1] = of;
+          out[threads - 1].insert(out[threads - 1].end(), lsef.begin(), lsef.end());
+          grads[threads - 1] = dqf;
+          grads[threads - 1].insert(grads[threads - 1].end(), dkf.begin(), dkf.end());
+          grads[threads - 1].insert(grads[threads - 1].end(), dvf.begin(), dvf.end());
+        }
+        omp_set_num_threads(cpu::threads());
+        EXPECT_TRUE(out[0] == out[1] && grads[0] == grads[1])
+            << set->name << ": differs between 1 and 2 threads";
+      }
+    }
+  }
+}
 
 class Rope : public ::testing::TestWithParam<std::tuple<int, int, int, int>> {};
 TEST_P(Rope, MatchesReferenceAndFiniteDifferences) {

@@ -24,10 +24,17 @@ using GemmFn = void (*)(int64_t M, int64_t N, int64_t K, View A, View B, float* 
                         bool accumulate, float alpha);
 using GemmSgdFn = void (*)(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W,
                            int64_t ldw, float lr);
+using AttnFwdFn = void (*)(float* out, float* lse, const float* q, const float* k, const float* v,
+                          int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
+using AttnBwdFn = void (*)(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                          const float* lse, const float* q, const float* k, const float* v,
+                          int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
 struct GemmSet {
   const char* name;  // "avx512_bf16", "avx512", "avx2"
   GemmFn f32, bf16;
   GemmSgdFn bf16_sgd;
+  AttnFwdFn attn_fwd[2];  // causal attention (cpu/attention_driver.h): [0] f32, [1] bf16 kind
+  AttnBwdFn attn_bwd[2];
 };
 enum class Isa { avx2, avx512 };
 // The set of one instruction set, or nullptr when this CPU cannot run it (tests run each
@@ -48,6 +55,16 @@ void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_
 // sgd_update_bf16. (fp32 SGD is gemm_f32(..., W, ldw, true, -lr): W = fma(sum, -lr, W).)
 void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, int64_t ldw,
                    float lr);
+
+// Causal attention of cpu/layers.h on these kernels (bf16: the bf16 kind's products, P and dS
+// rounded to bf16 as they are packed).
+void attention_forward_kernels(bool bf16, float* out, float* lse, const float* q, const float* k,
+                               const float* v, int64_t B, int64_t T, int64_t H, int64_t KVH,
+                               int64_t D);
+void attention_backward_kernels(bool bf16, float* dq, float* dk, float* dv, const float* dout,
+                                const float* out, const float* lse, const float* q, const float* k,
+                                const float* v, int64_t B, int64_t T, int64_t H, int64_t KVH,
+                                int64_t D);
 
 // The per-instruction-set kernels behind gemm_set (gemm_avx512.cpp, gemm_avx2.cpp): compiled
 // for those instructions, they fault on CPUs without them.

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "cpu/attention_driver.h"
 #include "cpu/gemm_driver.h"
 
 namespace tq::cpu {
@@ -190,7 +191,7 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
       _mm_prefetch(cr + (SGD16 ? 31 : 63), _MM_HINT_T0);
     }
   }
-  const auto slot = [&](int64_t s) {
+  const auto slot = [&](int64_t s) __attribute__((always_inline)) {  // inlined whatever the unit size
     const __m256 b0 = _mm256_load_ps(b + s * NR), b1 = _mm256_load_ps(b + s * NR + 8);
     if (AS == ASrc::packed)
       _mm_prefetch(reinterpret_cast<const char*>(a + s * MR + 16 * MR), _MM_HINT_T0);
@@ -283,7 +284,12 @@ struct Kern {
 }  // namespace
 
 namespace avx2 {
-extern const GemmSet kernels = {"avx2", gemm<Kern, false>, gemm<Kern, true>, gemm_sgd16<Kern>};
+extern const GemmSet kernels = {"avx2",
+                                gemm<Kern, false>,
+                                gemm<Kern, true>,
+                                gemm_sgd16<Kern>,
+                                {attn_forward<Kern, false>, attn_forward<Kern, true>},
+                                {attn_backward<Kern, false>, attn_backward<Kern, true>}};
 }  // namespace avx2
 
 }  // namespace tq::cpu

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/attention_driver.h"
 #include "cpu/gemm_driver.h"
 
 namespace tq::cpu {
@@ -255,8 +256,12 @@ struct Kern {
 }  // namespace
 
 namespace avx512 {
-extern const GemmSet kernels = {"avx512_bf16", gemm<Kern, false>, gemm<Kern, true>,
-                                gemm_sgd16<Kern>};
+extern const GemmSet kernels = {"avx512_bf16",
+                                gemm<Kern, false>,
+                                gemm<Kern, true>,
+                                gemm_sgd16<Kern>,
+                                {attn_forward<Kern, false>, attn_forward<Kern, true>},
+                                {attn_backward<Kern, false>, attn_backward<Kern, true>}};
 }  // namespace avx512
 
 }  // namespace tq::cpu

@@ -11,38 +11,10 @@
 
 #include "core/common.h"
 #include "cpu/gemm.h"
+#include "cpu/vexp.h"
 
 namespace tq::cpu {
 
-// exp for the vectorized loops (libm's is a call per element): 2^n p(r), r = x - n ln2 in
-// [-ln2/2, ln2/2], Cephes' degree-6 polynomial; within 2 ulp of exp over the normal range
-// (tested against std::exp), 0 below it, inf above, NaN kept. Branch-free, so `omp simd`
-// loops that call it vectorize: with AVX2 only because this file is built with
-// -fno-trapping-math (GCC will not turn its selects into blends otherwise), and only with
-// plain selects and memcpy (std::clamp and std::bit_cast defeat GCC 12's vectorizer).
-static inline float pow2i(int32_t n) {  // 2^n, n in [-126, 127]
-  const int32_t i = (n + 127) << 23;
-  float f;
-  std::memcpy(&f, &i, 4);
-  return f;
-}
-static inline float vexp(float x) {
-  const float n = std::nearbyint(x * 1.44269504f);
-  float r = std::fma(n, -0.693359375f, x);
-  r = std::fma(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p * r, r, r) + 1.0f;
-  // 2^n as two factors: n reaches 128 just below the overflow bound
-  const float nc = n < -128.0f ? -128.0f : n > 128.0f ? 128.0f : n;
-  const int32_t n1 = int32_t(nc) / 2, n2 = int32_t(nc) - n1;
-  const float y = p * pow2i(n1) * pow2i(n2);
-  return x < -87.33654f ? 0.0f : x > 88.72283f ? INFINITY : x != x ? x : y;
-}
 float exp_for_tests(float x) {
   return vexp(x);
 }
@@ -109,18 +81,14 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
 }
 
 // Row-major C[M, N] = alpha op(A) op(B) + beta C (beta 0 or 1): the linear layers, and
-// attention's blocks from inside its parallel loops (our products then run on the calling
-// thread).
-// Our packed products (gemm.h) where the CPU has AVX2 or AVX-512, OpenBLAS elsewhere or
-// when TQ_CPU=generic asks for the portable path.
-// BF: operands rounded to bf16, fp32 sums (bf16 runs; only with our products).
-template <bool BF = false>
+// the portable attention's blocks from inside its parallel loops (our products then run on
+// the calling thread). Our packed products (gemm.h) where the CPU has AVX2 or AVX-512,
+// OpenBLAS elsewhere or when TQ_CPU=generic asks for the portable path.
 static void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                   int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (BF || own_kernels())
-    return (BF ? gemm_bf16 : gemm_f32)(M, N, K, {A, false, ta ? 1 : lda, ta ? lda : 1},
-                                       {B, false, tb ? ldb : 1, tb ? 1 : ldb}, C, ldc, beta != 0.0f,
-                                       alpha);
+  if (own_kernels())
+    return gemm_f32(M, N, K, {A, false, ta ? 1 : lda, ta ? lda : 1},
+                    {B, false, tb ? ldb : 1, tb ? 1 : ldb}, C, ldc, beta != 0.0f, alpha);
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M),
               int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
@@ -215,22 +183,21 @@ static inline float dot(const float* a, const float* b, int64_t D) {
   return s;
 }
 
-// Causal attention by blocks of kQB query rows, with S = Q Kᵀ, O = P V and every backward
-// product as one single-threaded product over just the keys the block can see: key blocks
-// the mask hides entirely are never computed (about half of a dense T x T product). The G
-// query heads that share a kv head are stacked into one block of G x m rows, so K and V
-// are packed once for all of them.
+// Causal attention. With our kernels: cpu/attention_driver.h. The portable path (OpenBLAS):
+// blocks of kQB query rows, with S = Q Kᵀ, O = P V and every backward product as one
+// single-threaded product over just the keys the block can see: key blocks the mask hides
+// entirely are never computed (about half of a dense T x T product). The G query heads that
+// share a kv head are stacked into one block of G x m rows.
 constexpr int64_t kQB = 64;
 
 // Probabilities P = softmax(scale Q Kᵀ) of a stacked block into s [G*m, e]: row g*m + r is
 // head g's query i0 + r (its lse at lse[g*T + r]), zero where masked. lse_new (forward)
 // receives each row's log-sum-exp; lse_old (backward) is the saved one P is rebuilt from.
-template <bool BF>
 static void block_probs(float* s, const float* qs, const float* kp, int64_t i0, int64_t m,
                         int64_t G, int64_t e, int64_t ldk, int64_t D, int64_t T, float* lse_new,
                         const float* lse_old) {
   const float scale = 1.0f / std::sqrt(float(D));
-  sgemm<BF>(false, true, G * m, e, D, scale, qs, D, kp, ldk, 0.0f, s, e);
+  sgemm(false, true, G * m, e, D, scale, qs, D, kp, ldk, 0.0f, s, e);
   for (int64_t gr = 0; gr < G * m; ++gr) {
     const int64_t g = gr / m, r = gr % m;
     float* row = s + gr * e;
@@ -264,7 +231,6 @@ static void unstack_heads(float* x, const float* src, int64_t m, int64_t G, int6
       std::memcpy(x + (r * H + g) * D, src + (g * m + r) * D, D * sizeof(float));
 }
 
-template <bool BF>
 static void attention_fwd(float* out, float* lse, const float* q, const float* k, const float* v,
                           int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
   const int64_t G = H / KVH, nqb = (T + kQB - 1) / kQB;
@@ -280,15 +246,14 @@ static void attention_fwd(float* out, float* lse, const float* q, const float* k
           const float* vp = v + (b * T * KVH + g) * D;
           const int64_t row0 = ((b * T + i0) * H + g * G) * D;  // head g*G's query i0
           stack_heads(qs.data(), q + row0, m, G, H, D);
-          block_probs<BF>(s.data(), qs.data(), kp, i0, m, G, e, KVH * D, D, T,
+          block_probs(s.data(), qs.data(), kp, i0, m, G, e, KVH * D, D, T,
                           lse + (b * H + g * G) * T + i0, nullptr);
-          sgemm<BF>(false, false, G * m, D, e, 1.0f, s.data(), e, vp, KVH * D, 0.0f, os.data(), D);
+          sgemm(false, false, G * m, D, e, 1.0f, s.data(), e, vp, KVH * D, 0.0f, os.data(), D);
           unstack_heads(out + row0, os.data(), m, G, H, D);
         }
   }
 }
 
-template <bool BF>
 static void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const float* out,
                           const float* lse, const float* q, const float* k, const float* v,
                           int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
@@ -314,11 +279,11 @@ static void attention_bwd(float* dq, float* dk, float* dv, const float* dout, co
           stack_heads(dos.data(), dout + row0, m, G, H, D);
           for (int64_t gr = 0; gr < M; ++gr)  // rowsum(dO O) per stacked row
             rowdot[gr] = dot(dos.data() + gr * D, out + row0 + ((gr % m) * H + gr / m) * D, D);
-          block_probs<BF>(p.data(), qs.data(), k + kv0, i0, m, G, e, ldk, D, T, nullptr,
+          block_probs(p.data(), qs.data(), k + kv0, i0, m, G, e, ldk, D, T, nullptr,
                           lse + (b * H + g * G) * T + i0);
           // dV += Pᵀ dO;  dP = dO Vᵀ
-          sgemm<BF>(true, false, e, D, M, 1.0f, p.data(), e, dos.data(), D, 1.0f, dv + kv0, ldk);
-          sgemm<BF>(false, true, M, e, D, 1.0f, dos.data(), D, v + kv0, ldk, 0.0f, ds.data(), e);
+          sgemm(true, false, e, D, M, 1.0f, p.data(), e, dos.data(), D, 1.0f, dv + kv0, ldk);
+          sgemm(false, true, M, e, D, 1.0f, dos.data(), D, v + kv0, ldk, 0.0f, ds.data(), e);
           // dS = P (dP - rowsum(dO O)) scale; masked entries have P = 0
           for (int64_t gr = 0; gr < M; ++gr) {
             const float d = rowdot[gr];
@@ -327,9 +292,9 @@ static void attention_bwd(float* dq, float* dk, float* dv, const float* dout, co
             for (int64_t j = 0; j < e; ++j) dsr[j] = pr[j] * (dsr[j] - d) * scale;
           }
           // dQ = dS K;  dK += dSᵀ Q
-          sgemm<BF>(false, false, M, D, e, 1.0f, ds.data(), e, k + kv0, ldk, 0.0f, dqs.data(), D);
+          sgemm(false, false, M, D, e, 1.0f, ds.data(), e, k + kv0, ldk, 0.0f, dqs.data(), D);
           unstack_heads(dq + row0, dqs.data(), m, G, H, D);
-          sgemm<BF>(true, false, e, D, M, 1.0f, ds.data(), e, qs.data(), D, 1.0f, dk + kv0, ldk);
+          sgemm(true, false, e, D, M, 1.0f, ds.data(), e, qs.data(), D, 1.0f, dk + kv0, ldk);
         }
       }
   }
@@ -337,21 +302,24 @@ static void attention_bwd(float* dq, float* dk, float* dv, const float* dout, co
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
-  attention_fwd<false>(out, lse, q, k, v, B, T, H, KVH, D);
+  if (own_kernels()) return attention_forward_kernels(false, out, lse, q, k, v, B, T, H, KVH, D);
+  attention_fwd(out, lse, q, k, v, B, T, H, KVH, D);
 }
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
                         int64_t T, int64_t H, int64_t KVH, int64_t D) {
-  attention_bwd<false>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
+  if (own_kernels())
+    return attention_backward_kernels(false, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
+  attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
 }
 void attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
                             int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
-  attention_fwd<true>(out, lse, q, k, v, B, T, H, KVH, D);
+  attention_forward_kernels(true, out, lse, q, k, v, B, T, H, KVH, D);
 }
 void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* out,
                              const float* lse, const float* q, const float* k, const float* v,
                              int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
-  attention_bwd<true>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
+  attention_backward_kernels(true, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
 }
 
 void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F) {

@@ -1,0 +1,260 @@
+// Causal attention on one kernel set (contract: attention_forward/backward in cpu/layers.h),
+// included after gemm_driver.h by the files that include it, so built for their instructions
+// (the softmaxes too) and kept in their anonymous namespace.
+//
+// One task per (sequence, kv head): K and V are packed once for its G query heads, and it
+// owns their dK, dV rows. Every product reads packed panels of the kernel set and runs its
+// micro-kernel on whole tiles, in the orientation that needs no transposed copy of a result:
+//   scores  Sᵀ[key][query] = K Qᵀ: K as A panels (MR keys), a block of queries as B panels
+//           (NR queries), so the softmax runs down columns, vectorized across queries;
+//   O = P V, dQ = dS K: P, dS as A panels of MR queries, each summed over just the keys its
+//           queries see; V, K as B panels of NR dims;
+//   dV += Pᵀ dO, dK += dSᵀ Q: Pᵀ, dSᵀ as A panels of MR keys, summed over the block's
+//           queries from the first that sees them; dO, Q as B panels of NR dims.
+// Score tiles the mask hides entirely are never computed. Each output element is summed by
+// one task in a fixed order: results do not depend on the thread count.
+#pragma once
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cpu/gemm_driver.h"
+#include "cpu/vexp.h"
+
+namespace tq::cpu {
+namespace {
+
+constexpr int64_t kAttnQB = 96;  // queries per block: a multiple of every kernel's MR and NR
+
+inline int64_t round_up(int64_t a, int64_t m) {
+  return (a + m - 1) / m * m;
+}
+
+// St[j][c] (row stride kAttnQB) = alpha sum_d X(j, d) Y(q0 + c, d) for the nq queries of a
+// block and the keys j each NR panel of them can see (j <= its last query); other entries
+// are left as they were. X: packed A panels of MR keys over SD slots; Y: the queries (or
+// their output gradients), packed here into Yp.
+template <class Kern, Slot SL>
+void score_tiles(float* St, const uint32_t* X, uint32_t* Yp, const View& Y, int64_t T, int64_t D,
+                 int64_t SD, int64_t q0, int64_t nq, float alpha) {
+  constexpr int MR = Kern::MR, NR = Kern::NR;
+  for (int64_t c = 0; c < nq; c += NR) {
+    uint32_t* yp = Yp + c * SD;
+    Kern::template pack<SL>(yp, Y, T, D, q0 + c, NR, 0, SD);
+    const int nr = int(lo(NR, nq - c));
+    for (int64_t j = 0; j < lo(T, q0 + c + nr); j += MR)
+      Kern::template micro<SL, false>(SD, X + j * SD, yp, St + j * kAttnQB + c, kAttnQB,
+                                      int(lo(MR, T - j)), nr, false, alpha, nullptr, 0, nullptr,
+                                      0);
+  }
+}
+
+// Packs all rows of a kv head, over its T keys and D dims: as A panels of MR keys over d
+// (dst [T/MR][SD][MR]), or as B panels of NR dims over keys (dst [D/NR][ST][NR]).
+template <class Kern, Slot SL>
+void pack_keys_a(uint32_t* dst, const View& X, int64_t T, int64_t D, int64_t SD) {
+  for (int64_t j = 0; j < T; j += Kern::MR)
+    Kern::template pack<SL>(dst + j * SD, X, T, D, j, Kern::MR, 0, SD);
+}
+// (By 8 slots for all panels: X's rows lie a page or more apart, and a whole panel at a time
+// would fetch each of their lines once per panel.)
+template <class Kern, Slot SL>
+void pack_dims_b(uint32_t* dst, const View& Xt, int64_t D, int64_t K, int64_t SK) {
+  for (int64_t s = 0; s < SK; s += 8)
+    for (int64_t d = 0; d < D; d += Kern::NR)
+      Kern::template pack<SL>(dst + d * SK + s * Kern::NR, Xt, D, K, d, Kern::NR, s, lo(8, SK - s));
+}
+
+// C[nq, D] (row stride ldc) = M[q][j] Y[j][d], M the block's probabilities or score
+// gradients held transposed in St: each A panel of MR queries sums the keys they see.
+// Yb: Y as B panels of NR dims over keys (pack_dims_b, ST slots each); Ap: one panel.
+template <class Kern, Slot SL>
+void query_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32_t* Ap,
+                int64_t D, int64_t ST, int64_t q0, int64_t nq) {
+  constexpr int MR = Kern::MR, NR = Kern::NR;
+  constexpr int64_t per = per_slot(SL);
+  for (int64_t a = 0; a < nq; a += MR) {
+    const int mr = int(lo(MR, nq - a));
+    const int64_t e = q0 + a + mr, S = (e + per - 1) / per;  // keys 0..e-1
+    Kern::template pack<SL>(Ap, View{St + a, false, 1, kAttnQB}, nq - a, e, 0, MR, 0, S);
+    for (int64_t d = 0; d < D; d += NR)
+      Kern::template micro<SL, false>(S, Ap, Yb + d * ST, C + a * ldc + d, ldc, mr,
+                                      int(lo(NR, D - d)), false, 1.0f, nullptr, 0, nullptr, 0);
+  }
+}
+
+// C[j][d] (row stride ldc) += sum_q St[j][q] Y[q][d] for the keys 0..q0+nq-1 of a block:
+// each A panel of MR keys sums the queries that see them. Yb: Y as B panels of NR dims over
+// the block's queries (SQ slots each); Ap: one panel.
+template <class Kern, Slot SL>
+void key_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32_t* Ap, int64_t D,
+              int64_t SQ, int64_t q0, int64_t nq) {
+  constexpr int MR = Kern::MR, NR = Kern::NR;
+  constexpr int64_t per = per_slot(SL);
+  const int64_t e = q0 + nq, S = (nq + per - 1) / per;
+  for (int64_t j = 0; j < e; j += MR) {
+    const int mr = int(lo(MR, e - j));
+    const int64_t s0 = (j > q0 ? j - q0 : 0) / per;  // queries before j do not see it
+    Kern::template pack<SL>(Ap, View{St + j * kAttnQB, false, kAttnQB, 1}, e - j, nq, 0, MR, s0,
+                            S - s0);
+    for (int64_t d = 0; d < D; d += NR)
+      Kern::template micro<SL, false>(S - s0, Ap, Yb + d * SQ + s0 * NR, C + j * ldc + d, ldc, mr,
+                                      int(lo(NR, D - d)), true, 1.0f, nullptr, 0, nullptr, 0);
+  }
+}
+
+// Views of one sequence b: keys/values of kv head g, queries (and their gradients) of head h.
+struct AttnShape {
+  int64_t B, T, H, KVH, D;
+  View kv(const float* x, int64_t b, int64_t g) const {  // (key j, dim d)
+    return {x + (b * T * KVH + g) * D, false, KVH * D, 1};
+  }
+  View kv_t(const float* x, int64_t b, int64_t g) const {  // (dim d, key j)
+    return {x + (b * T * KVH + g) * D, false, 1, KVH * D};
+  }
+  template <class F>
+  F* row(F* x, int64_t b, int64_t h, int64_t i) const {  // query i of head h
+    return x + ((b * T + i) * H + h) * D;
+  }
+};
+
+template <class Kern, bool BF>
+void attn_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                   int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
+  constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
+  constexpr int64_t QB = kAttnQB, per = per_slot(SL);
+  static_assert(QB % Kern::MR == 0 && QB % Kern::NR == 0);
+  const AttnShape sh{B, T, H, KVH, D};
+  const int64_t G = H / KVH, ldq = H * D, SD = (D + per - 1) / per, ST = (T + per - 1) / per;
+  const float scale = 1.0f / std::sqrt(float(D));
+  // per thread, in words: K as A panels, V as B panels, a query block as B panels, Sᵀ of
+  // the block, one A panel of P
+  const int64_t wK = round_up(round_up(T, Kern::MR) * SD, 16),
+                wV = round_up(round_up(D, Kern::NR) * ST, 16), wQ = round_up(QB * SD, 16),
+                wS = round_up(T * QB, 16), wP = round_up(Kern::MR * ST, 16);
+#pragma omp parallel
+  {
+    uint32_t* KA = workspace(wK + wV + wQ + wS + wP);
+    uint32_t *VB = KA + wK, *QP = VB + wV;
+    float* St = reinterpret_cast<float*>(QP + wQ);
+    uint32_t* PA = reinterpret_cast<uint32_t*>(St + wS);
+    alignas(64) float mx[QB], sum[QB];
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t g = 0; g < KVH; ++g) {
+        pack_keys_a<Kern, SL>(KA, sh.kv(k, b, g), T, D, SD);
+        pack_dims_b<Kern, SL>(VB, sh.kv_t(v, b, g), D, T, ST);
+        for (int64_t h = g * G; h < (g + 1) * G; ++h)
+          for (int64_t q0 = 0; q0 < T; q0 += QB) {
+            const int64_t nq = lo(QB, T - q0), e = q0 + nq;
+            score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), false, ldq, 1}, T, D, SD,
+                                  q0, nq, scale);
+            // softmax down each column c (query q0 + c sees keys j <= q0 + c); P = 0 where
+            // masked, over all e keys the block's panels read
+            for (int64_t c = 0; c < nq; ++c) mx[c] = -INFINITY, sum[c] = 0.0f;
+            for (int64_t j = 0; j < e; ++j) {
+              const float* s = St + j * QB;
+#pragma omp simd
+              for (int64_t c = j > q0 ? j - q0 : 0; c < nq; ++c) mx[c] = s[c] > mx[c] ? s[c] : mx[c];
+            }
+            for (int64_t j = 0; j < e; ++j) {
+              float* s = St + j * QB;
+              const int64_t c0 = j > q0 ? j - q0 : 0;
+              for (int64_t c = 0; c < c0; ++c) s[c] = 0.0f;
+#pragma omp simd
+              for (int64_t c = c0; c < nq; ++c) sum[c] += (s[c] = vexp(s[c] - mx[c]));
+            }
+            for (int64_t c = 0; c < nq; ++c) {
+              lse[(b * H + h) * T + q0 + c] = mx[c] + std::log(sum[c]);
+              sum[c] = 1.0f / sum[c];
+            }
+            for (int64_t j = 0; j < e; ++j) {
+              float* s = St + j * QB;
+#pragma omp simd
+              for (int64_t c = j > q0 ? j - q0 : 0; c < nq; ++c) s[c] *= sum[c];
+            }
+            query_rows<Kern, SL>(sh.row(out, b, h, q0), ldq, St, VB, PA, D,
+                                 ST, q0, nq);
+          }
+      }
+  }
+}
+
+template <class Kern, bool BF>
+void attn_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                   const float* lse, const float* q, const float* k, const float* v, int64_t B,
+                   int64_t T, int64_t H, int64_t KVH, int64_t D) {
+  constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
+  constexpr int64_t QB = kAttnQB, per = per_slot(SL);
+  const AttnShape sh{B, T, H, KVH, D};
+  const int64_t G = H / KVH, ldq = H * D, ldk = KVH * D, SD = (D + per - 1) / per,
+                ST = (T + per - 1) / per, SQ = QB / per;
+  const float scale = 1.0f / std::sqrt(float(D));
+  // per thread, in words: K and V as A panels, K as B panels over keys, a block of queries
+  // and one of output gradients as B panels over dims and over queries, Sᵀ (then P) and
+  // dPᵀ (then dS) of the block, one A panel
+  const int64_t wA = round_up(round_up(T, Kern::MR) * SD, 16),
+                wB = round_up(round_up(D, Kern::NR) * ST, 16), wQ = round_up(QB * SD, 16),
+                wQt = round_up(round_up(D, Kern::NR) * SQ, 16), wS = round_up(T * QB, 16),
+                wX = round_up(Kern::MR * (ST > SQ ? ST : SQ), 16);
+#pragma omp parallel
+  {
+    uint32_t* KA = workspace(2 * wA + wB + 2 * wQ + 2 * wQt + 2 * wS + wX);
+    uint32_t *VA = KA + wA, *KB = VA + wA, *QP = KB + wB, *OP = QP + wQ, *QT = OP + wQ,
+             *OT = QT + wQt;
+    float* St = reinterpret_cast<float*>(OT + wQt);
+    float* dSt = St + wS;
+    uint32_t* XA = reinterpret_cast<uint32_t*>(dSt + wS);
+    alignas(64) float rowdot[QB];
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t g = 0; g < KVH; ++g) {
+        float *dkg = dk + (b * T * KVH + g) * D, *dvg = dv + (b * T * KVH + g) * D;
+        for (int64_t j = 0; j < T; ++j)
+          for (int64_t d = 0; d < D; ++d) dkg[j * ldk + d] = dvg[j * ldk + d] = 0.0f;
+        pack_keys_a<Kern, SL>(KA, sh.kv(k, b, g), T, D, SD);
+        pack_keys_a<Kern, SL>(VA, sh.kv(v, b, g), T, D, SD);
+        pack_dims_b<Kern, SL>(KB, sh.kv_t(k, b, g), D, T, ST);
+        for (int64_t h = g * G; h < (g + 1) * G; ++h)
+          for (int64_t q0 = 0; q0 < T; q0 += QB) {
+            const int64_t nq = lo(QB, T - q0), e = q0 + nq;
+            const float *qh = sh.row(q, b, h, q0), *oh = sh.row(out, b, h, q0),
+                        *gh = sh.row(dout, b, h, q0);
+            score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), false, ldq, 1}, T, D, SD,
+                                  q0, nq, scale);
+            score_tiles<Kern, SL>(dSt, VA, OP, View{sh.row(dout, b, h, 0), false, ldq, 1}, T, D,
+                                  SD, q0, nq, 1.0f);
+            for (int64_t c = 0; c < nq; ++c) {  // rowsum(dO O)
+              float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+              for (int64_t d = 0; d < D; ++d) s += gh[c * ldq + d] * oh[c * ldq + d];
+              rowdot[c] = s;
+            }
+            // P = exp(S - lse), dS = P (dP - rowsum(dO O)) scale; 0 where masked
+            const float* l = lse + (b * H + h) * T + q0;
+            for (int64_t j = 0; j < e; ++j) {
+              float *s = St + j * QB, *ds = dSt + j * QB;
+              const int64_t c0 = j > q0 ? j - q0 : 0;
+              for (int64_t c = 0; c < c0; ++c) s[c] = ds[c] = 0.0f;
+#pragma omp simd
+              for (int64_t c = c0; c < nq; ++c) {
+                const float p = vexp(s[c] - l[c]);
+                s[c] = p;
+                ds[c] = p * (ds[c] - rowdot[c]) * scale;
+              }
+            }
+            // dV += Pᵀ dO, dK += dSᵀ Q, dQ = dS K
+            pack_dims_b<Kern, SL>(OT, View{gh, false, 1, ldq}, D, nq, SQ);
+            pack_dims_b<Kern, SL>(QT, View{qh, false, 1, ldq}, D, nq, SQ);
+            key_rows<Kern, SL>(dvg, ldk, St, OT, XA, D, SQ, q0, nq);
+            key_rows<Kern, SL>(dkg, ldk, dSt, QT, XA, D, SQ, q0, nq);
+            query_rows<Kern, SL>(sh.row(dq, b, h, q0), ldq, dSt, KB, XA, D,
+                                 ST, q0, nq);
+          }
+      }
+  }
+}
+
+}  // namespace
+}  // namespace tq::cpu
