@@ -127,14 +127,16 @@ void pack_kcontig(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t
 }
 
 // Rows contiguous (rs == 1): each slot is 8 rows at a time from one k row.
+// (Slot by slot, the whole panel width of each source line at once: W's rows for dx = dout W
+// lie a page or more apart, and a pass per 8 lanes would fetch each line twice.)
 template <Slot SL>
 void pack_rcontig(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int R,
                   int64_t s0, int64_t S) {
-  for (int rg = 0; rg < R; rg += 8) {
-    const int nr = R - rg < 8 ? R - rg : 8;
-    const int64_t i = r0 + rg, avail = rows - i;  // lanes past nr are read but not stored
-    for (int64_t s = 0; s < S; ++s) {
-      const int64_t k = s0 + s;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t k = s0 + s;
+    for (int rg = 0; rg < R; rg += 8) {
+      const int nr = R - rg < 8 ? R - rg : 8;
+      const int64_t i = r0 + rg, avail = rows - i;  // lanes past nr are read but not stored
       store_slot(dst + s * R + rg, nr,
                  k < K ? load_slots<SL>(v, i + k * v.ks, avail) : _mm256_setzero_ps());
     }
