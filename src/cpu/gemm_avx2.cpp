@@ -155,6 +155,45 @@ void pack(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int
     pack_scalar<SL>(dst, v, rows, K, r0, R, s0, S);
 }
 
+// The MR-row panels of rows r0..r0+n, dst [n/MR][S][MR]. Rows contiguous (dout's columns,
+// the A of dW = doutᵀ x): slot by slot across all panels, so that each slot's source is one
+// run of lines read once, not a line re-read (after its eviction) by each panel it spans.
+template <Slot SL>
+void pack_panels(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int64_t n,
+                 int64_t s0, int64_t S) {
+  if (v.rs != 1 || v.ks == 1) {
+    for (int64_t r = 0; r < n; r += MR) pack<SL>(dst + r * S, v, rows, K, r0 + r, MR, s0, S);
+    return;
+  }
+  // By chunks of kChunk slots, panel by panel: the chunk's source rows stay in L1 across the
+  // panels (they alias one another 8 ways at most), and each panel is written in one run (a
+  // slot at a time across panels, the writes would alias as much).
+  constexpr int64_t kChunk = 8;
+  const int64_t avail = rows - r0,
+                full = v.bf16 || avail < 8 ? 0 : lo(n, ((avail - 8) / MR + 1) * MR);
+  const float* src = static_cast<const float*>(v.p) + r0;
+  const int64_t ks = v.ks;
+  for (int64_t c = 0; c < S; c += kChunk) {
+    const int64_t cn = lo(kChunk, S - c), kn = lo(cn, K - s0 - c);  // slots inside the matrix
+    int64_t r = 0;
+    for (; r < full; r += MR) {
+      uint32_t* d = dst + r * S + c * MR;
+      int64_t s = 0;
+      for (const float* row = src + (s0 + c) * ks + r; s < kn; ++s, row += ks) {
+        const __m256 x = _mm256_loadu_ps(row);
+        store_slot(d + s * MR, MR, SL == Slot::bf16 ? round_bf16(x) : x);
+      }
+      for (; s < cn; ++s) store_slot(d + s * MR, MR, _mm256_setzero_ps());
+    }
+    for (; r < n; r += MR)
+      for (int64_t s = 0; s < cn; ++s) {
+        const int64_t k = s0 + c + s;
+        store_slot(dst + r * S + (c + s) * MR, MR,
+                   k < K ? load_slots<SL>(v, r0 + r + k * ks, avail - r) : _mm256_setzero_ps());
+      }
+  }
+}
+
 // ---- micro-kernel: C[mr, nr] (+)= Ap[S][MR] x Bp[S][NR] ----
 
 // The optax bf16 SGD step on one weight vector w given its gradient sum g (fp32):
@@ -250,6 +289,11 @@ struct Kern {
   static void pack(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int R,
                    int64_t s0, int64_t S) {
     cpu::pack<SL>(dst, v, rows, K, r0, R, s0, S);
+  }
+  template <Slot SL>
+  static void pack_panels(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0,
+                          int64_t n, int64_t s0, int64_t S) {
+    cpu::pack_panels<SL>(dst, v, rows, K, r0, n, s0, S);
   }
   template <Slot SL, bool SGD16>
   static void micro(int64_t S, const uint32_t* A, const uint32_t* B, float* C, int64_t ldc, int mr,

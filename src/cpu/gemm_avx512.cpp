@@ -244,6 +244,11 @@ struct Kern {
     static_assert(SL != Slot::bf16);
     cpu::pack<SL == Slot::bf16x2>(dst, v, rows, K, r0, R, s0, S);
   }
+  template <Slot SL>  // the MR-row panels of rows r0..r0+n, dst [n/MR][S][MR]
+  static void pack_panels(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0,
+                          int64_t n, int64_t s0, int64_t S) {
+    for (int64_t r = 0; r < n; r += MR) pack<SL>(dst + r * S, v, rows, K, r0 + r, MR, s0, S);
+  }
   template <Slot SL, bool SGD16>
   static void micro(int64_t S, const uint32_t* A, const uint32_t* B, float* C, int64_t ldc, int mr,
                     int nr, bool acc, float alpha, const float* init, int64_t ldi,

@@ -17,6 +17,8 @@
 //   kBf16Slot              the bf16 kind's slot: Slot::bf16x2 (pair products) or Slot::bf16
 //   pack<SL>(dst, v, rows, K, r0, R, s0, S)   dst[s * R + r] = slot s0 + s of row r0 + r,
 //                                             zero outside the matrix
+//   pack_panels<SL>(dst, v, rows, K, r0, n, s0, S)   the MR-row panels of rows r0..r0+n,
+//                                             dst [n / MR][S][MR]
 //   micro<SL, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf)
 //                          C[mr, nr] (+)= Ap[S][MR] x Bp[S][NR] (below).
 #pragma once
@@ -264,9 +266,8 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
             // of kc slots unless split).
             const int64_t sub = split ? KCMAX : kc;
             for (int64_t s0 = 0; s0 < kc; s0 += sub)
-              for (int64_t ir = 0; ir < mc; ir += MR)
-                Kern::template pack<SL>(Ap + s0 * mt + ir * lo(sub, kc - s0), A, M, K, ic + ir, MR,
-                                        pc + s0, lo(sub, kc - s0));
+              Kern::template pack_panels<SL>(Ap + s0 * mt, A, M, K, ic, mc, pc + s0,
+                                             lo(sub, kc - s0));
             // Sub-block s0 of one tile; pf[0..np) are lines of the next B panel to fetch on the
             // way. Partial sums go to Tp until the tile's last slot (finish, split); the last
             // store starts from them.
