@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "cpu/gemm_driver.h"
 #include "cpu/vexp.h"
@@ -26,6 +27,18 @@ namespace tq::cpu {
 namespace {
 
 constexpr int64_t kAttnQB = 96;  // queries per block: a multiple of every kernel's MR and NR
+
+// x rounded to the nearest bf16 (ties even; NaN stays NaN), as fp32: the bf16 kind's P and dS
+// are rounded where they are made, so the products may read them in place (packing them
+// would round them again, to the same values).
+inline float round_to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
 
 inline int64_t round_up(int64_t a, int64_t m) {
   return (a + m - 1) / m * m;
@@ -77,6 +90,12 @@ void query_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint
   for (int64_t a = 0; a < nq; a += MR) {
     const int mr = int(lo(MR, nq - a));
     const int64_t e = q0 + a + mr, S = (e + per - 1) / per;  // keys 0..e-1
+    if constexpr (Kern::kInPlaceA && per == 1) {  // St's rows are the A slots
+      for (int64_t d = 0; d < D; d += NR)
+        Kern::micro_cols(S, St + a, kAttnQB, Yb + d * ST, C + a * ldc + d, ldc, mr,
+                         int(lo(NR, D - d)), false);
+      continue;
+    }
     Kern::template pack<SL>(Ap, View{St + a, false, 1, kAttnQB}, nq - a, e, 0, MR, 0, S);
     for (int64_t d = 0; d < D; d += NR)
       Kern::template micro<SL, false>(S, Ap, Yb + d * ST, C + a * ldc + d, ldc, mr,
@@ -96,6 +115,12 @@ void key_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32
   for (int64_t j = 0; j < e; j += MR) {
     const int mr = int(lo(MR, e - j));
     const int64_t s0 = (j > q0 ? j - q0 : 0) / per;  // queries before j do not see it
+    if constexpr (Kern::kInPlaceA && per == 1) {  // St's rows are the A rows
+      for (int64_t d = 0; d < D; d += NR)
+        Kern::micro_inplace(S - s0, St + j * kAttnQB + s0, false, kAttnQB, Yb + d * SQ + s0 * NR,
+                            C + j * ldc + d, ldc, mr, int(lo(NR, D - d)), true, nullptr, 0);
+      continue;
+    }
     Kern::template pack<SL>(Ap, View{St + j * kAttnQB, false, kAttnQB, 1}, e - j, nq, 0, MR, s0,
                             S - s0);
     for (int64_t d = 0; d < D; d += NR)
@@ -172,7 +197,8 @@ void attn_forward(float* out, float* lse, const float* q, const float* k, const 
             for (int64_t j = 0; j < e; ++j) {
               float* s = St + j * QB;
 #pragma omp simd
-              for (int64_t c = j > q0 ? j - q0 : 0; c < nq; ++c) s[c] *= sum[c];
+              for (int64_t c = j > q0 ? j - q0 : 0; c < nq; ++c)
+                s[c] = BF ? round_to_bf16(s[c] * sum[c]) : s[c] * sum[c];
             }
             query_rows<Kern, SL>(sh.row(out, b, h, q0), ldq, St, VB, PA, D,
                                  ST, q0, nq);
@@ -239,9 +265,9 @@ void attn_backward(float* dq, float* dk, float* dv, const float* dout, const flo
               for (int64_t c = 0; c < c0; ++c) s[c] = ds[c] = 0.0f;
 #pragma omp simd
               for (int64_t c = c0; c < nq; ++c) {
-                const float p = vexp(s[c] - l[c]);
-                s[c] = p;
-                ds[c] = p * (ds[c] - rowdot[c]) * scale;
+                const float p = vexp(s[c] - l[c]), g = p * (ds[c] - rowdot[c]) * scale;
+                s[c] = BF ? round_to_bf16(p) : p;
+                ds[c] = BF ? round_to_bf16(g) : g;
               }
             }
             // dV += Pᵀ dO, dK += dSᵀ Q, dQ = dS K

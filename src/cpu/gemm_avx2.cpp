@@ -203,9 +203,10 @@ inline __m256 sgd_bf16(__m256 w, __m256 g, __m256 step) {
   return round_bf16(_mm256_add_ps(w, round_bf16(_mm256_mul_ps(step, g))));
 }
 
-// Where the micro-kernel's A comes from: packed panels, or MR rows in place (fp32 or bf16
-// elements, row stride lda; rows past mr read row 0 and their sums are dropped).
-enum class ASrc { packed, f32_rows, bf16_rows };
+// Where the micro-kernel's A comes from: packed panels, MR rows in place (fp32 or bf16
+// elements, row stride lda; rows past mr read row 0 and their sums are dropped), or fp32
+// slots in place (MR rows contiguous, slots lda apart; rows past mr are read, then dropped).
+enum class ASrc { packed, f32_rows, bf16_rows, f32_cols };
 
 // The micro-kernel of gemm_driver.h; SGD16: C is a bf16 weight taking the step above.
 template <bool SGD16, ASrc AS = ASrc::packed>
@@ -242,7 +243,9 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
       if constexpr (AS == ASrc::bf16_rows)  // 16 copies of the bf16, shifted into the top halves
         x = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_set1_epi16(short(ar[r][s])), 16));
       else
-        x = _mm256_broadcast_ss(AS == ASrc::f32_rows ? ar[r] + s : a + s * MR + r);
+        x = _mm256_broadcast_ss(AS == ASrc::f32_rows   ? ar[r] + s
+                                : AS == ASrc::f32_cols ? a + s * lda + r
+                                                       : a + s * MR + r);
       c0[r] = _mm256_fmadd_ps(x, b0, c0[r]);
       c1[r] = _mm256_fmadd_ps(x, b1, c1[r]);
     }
@@ -324,6 +327,13 @@ struct Kern {
     else
       cpu::micro<false, ASrc::f32_rows>(S, a, B, C, ldc, mr, nr, acc, 1.0f, nullptr, 0, pf, npf,
                                         lda);
+  }
+  // attention (cpu/attention_driver.h): its probabilities and score gradients read in place,
+  // by rows (micro_inplace) or by slots lda apart
+  static void micro_cols(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,
+                         int64_t ldc, int mr, int nr, bool acc) {
+    cpu::micro<false, ASrc::f32_cols>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr, nr,
+                                      acc, 1.0f, nullptr, 0, nullptr, 0, lda);
   }
 };
 
