@@ -155,14 +155,14 @@ void pack(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int
     pack_scalar<SL>(dst, v, rows, K, r0, R, s0, S);
 }
 
-// The MR-row panels of rows r0..r0+n, dst [n/MR][S][MR]. Rows contiguous (dout's columns,
-// the A of dW = doutᵀ x): slot by slot across all panels, so that each slot's source is one
-// run of lines read once, not a line re-read (after its eviction) by each panel it spans.
+// The R-row panels of rows r0..r0+n, dst [n/R][S][R]. MR-row panels, rows contiguous (dout's
+// columns, the A of dW = doutᵀ x): slot by slot across all panels, so that each slot's source
+// is one run of lines read once, not a line re-read (after its eviction) by each panel it spans.
 template <Slot SL>
 void pack_panels(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int64_t n,
-                 int64_t s0, int64_t S) {
-  if (v.rs != 1 || v.ks == 1) {
-    for (int64_t r = 0; r < n; r += MR) pack<SL>(dst + r * S, v, rows, K, r0 + r, MR, s0, S);
+                 int R, int64_t s0, int64_t S) {
+  if (v.rs != 1 || v.ks == 1 || R != MR) {
+    for (int64_t r = 0; r < n; r += R) pack<SL>(dst + r * S, v, rows, K, r0 + r, R, s0, S);
     return;
   }
   // By chunks of kChunk slots, panel by panel: the chunk's source rows stay in L1 across the
@@ -295,8 +295,8 @@ struct Kern {
   }
   template <Slot SL>
   static void pack_panels(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0,
-                          int64_t n, int64_t s0, int64_t S) {
-    cpu::pack_panels<SL>(dst, v, rows, K, r0, n, s0, S);
+                          int64_t n, int R, int64_t s0, int64_t S) {
+    cpu::pack_panels<SL>(dst, v, rows, K, r0, n, R, s0, S);
   }
   template <Slot SL, bool SGD16>
   static void micro(int64_t S, const uint32_t* A, const uint32_t* B, float* C, int64_t ldc, int mr,

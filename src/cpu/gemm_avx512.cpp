@@ -103,6 +103,10 @@ inline __m512 load_rows_f32(const View& v, int64_t i, int64_t k, __mmask16 m) {
 template <bool BF>
 void pack_rcontig(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int R,
                   int64_t s0, int64_t S) {
+  // word i of a pair slot: bf16 i (the even k) low, bf16 16 + i (the odd k) high (a local
+  // constant: nothing AVX-512 may run at load time on CPUs without it)
+  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   for (int rg = 0; rg < R; rg += 16) {
     const int64_t left = rows - (r0 + rg);
     const int nr = R - rg < 16 ? R - rg : 16;
@@ -115,10 +119,8 @@ void pack_rcontig(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t
         const int64_t k = 2 * (s0 + s);
         const __m512 a = k < K ? load_rows_f32(v, i, k, m) : _mm512_setzero_ps();
         const __m512 b = k + 1 < K ? load_rows_f32(v, i, k + 1, m) : _mm512_setzero_ps();
-        // round both to bf16 (exact for bf16 values), then interleave a (low) with b (high)
-        const __m256i ah = __m256i(_mm512_cvtneps_pbh(a)), bh = __m256i(_mm512_cvtneps_pbh(b));
-        w = _mm512_or_si512(_mm512_cvtepu16_epi32(ah),
-                            _mm512_slli_epi32(_mm512_cvtepu16_epi32(bh), 16));
+        // round both to bf16 (exact for bf16 values): [a0..a15 b0..b15], then interleave
+        w = _mm512_permutexvar_epi16(pairs, __m512i(_mm512_cvtne2ps_pbh(b, a)));
       } else {
         w = s0 + s < K ? _mm512_castps_si512(load_rows_f32(v, i, s0 + s, m))
                        : _mm512_setzero_si512();
@@ -137,6 +139,19 @@ void pack(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int
     pack_rcontig<BF>(dst, v, rows, K, r0, R, s0, S);
   else
     pack_scalar<BF ? Slot::bf16x2 : Slot::f32>(dst, v, rows, K, r0, R, s0, S);
+}
+
+// The R-row panels of rows r0..r0+n, dst [n/R][S][R]. Rows contiguous (the A and B of
+// dW = doutᵀ x, the B of dx = dout W): by chunks of a few slots across all panels, so that each
+// source line is read once, and each k row as one run, not once per panel (k rows 4 KiB
+// multiples apart share one L1 set: a chunk reads at most 8 of them).
+template <bool BF>
+void pack_panels(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int64_t n,
+                 int R, int64_t s0, int64_t S) {
+  const int64_t chunk = v.rs == 1 && v.ks != 1 ? (BF ? 4 : 8) : S;
+  for (int64_t c = 0; c < S; c += chunk)
+    for (int64_t r = 0; r < n; r += R)
+      pack<BF>(dst + r * S + c * R, v, rows, K, r0 + r, R, s0 + c, lo(chunk, S - c));
 }
 
 // ---- micro-kernel: C[mr, nr] (+)= Ap[S][MR] x Bp[S][NR] ----
@@ -244,10 +259,10 @@ struct Kern {
     static_assert(SL != Slot::bf16);
     cpu::pack<SL == Slot::bf16x2>(dst, v, rows, K, r0, R, s0, S);
   }
-  template <Slot SL>  // the MR-row panels of rows r0..r0+n, dst [n/MR][S][MR]
+  template <Slot SL>
   static void pack_panels(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0,
-                          int64_t n, int64_t s0, int64_t S) {
-    for (int64_t r = 0; r < n; r += MR) pack<SL>(dst + r * S, v, rows, K, r0 + r, MR, s0, S);
+                          int64_t n, int R, int64_t s0, int64_t S) {
+    cpu::pack_panels<SL == Slot::bf16x2>(dst, v, rows, K, r0, n, R, s0, S);
   }
   template <Slot SL, bool SGD16>
   static void micro(int64_t S, const uint32_t* A, const uint32_t* B, float* C, int64_t ldc, int mr,

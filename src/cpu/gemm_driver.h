@@ -17,8 +17,8 @@
 //   kBf16Slot              the bf16 kind's slot: Slot::bf16x2 (pair products) or Slot::bf16
 //   pack<SL>(dst, v, rows, K, r0, R, s0, S)   dst[s * R + r] = slot s0 + s of row r0 + r,
 //                                             zero outside the matrix
-//   pack_panels<SL>(dst, v, rows, K, r0, n, s0, S)   the MR-row panels of rows r0..r0+n,
-//                                             dst [n / MR][S][MR]
+//   pack_panels<SL>(dst, v, rows, K, r0, n, R, s0, S)   the R-row panels of rows r0..r0+n,
+//                                             dst [n / R][S][R] (as pack, panel by panel)
 //   micro<SL, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf)
 //                          C[mr, nr] (+)= Ap[S][MR] x Bp[S][NR] (below).
 #pragma once
@@ -257,16 +257,14 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           // Short sums over many rows (the SGD step over 32 tokens): the traffic is C, read
           // and written once; tiles along its rows keep that to MR streams from DRAM.
           const bool by_rows = !stream && kc <= 64;
-          if (!stream)
-            for (int64_t jr = 0; jr < nc; jr += NR)
-              Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
+          if (!stream) Kern::template pack_panels<SL>(Bp, B, N, K, jc, nc, NR, pc, kc);
           for (int64_t ic = finish ? icf : m0; ic < (finish ? lo(m1, icf + MC) : m1); ic += MC) {
             const int64_t mc = lo(MC, m1 - ic), mt = (mc + MR - 1) / MR * MR;
             // A by sub-blocks of `sub` slots, each contiguous: [s0][ir][slot][MR] (one sub-block
             // of kc slots unless split).
             const int64_t sub = split ? KCMAX : kc;
             for (int64_t s0 = 0; s0 < kc; s0 += sub)
-              Kern::template pack_panels<SL>(Ap + s0 * mt, A, M, K, ic, mc, pc + s0,
+              Kern::template pack_panels<SL>(Ap + s0 * mt, A, M, K, ic, mc, MR, pc + s0,
                                              lo(sub, kc - s0));
             // Sub-block s0 of one tile; pf[0..np) are lines of the next B panel to fetch on the
             // way. Partial sums go to Tp until the tile's last slot (finish, split); the last
