@@ -308,6 +308,7 @@ struct Kern {
   // into an aligned [MR][NR] buffer T, then Cᵀ[nr, mr] <- T. (Read back as the vectors it
   // was written with: scalar reads of fresh vector stores would stall on store forwarding.)
   static constexpr bool kInPlaceA = true;
+  static bool in_place(bool bf16_kind, const View& A, int64_t) { return !bf16_kind || A.bf16; }
   static void store_t(float* C, int64_t ldc, const float* T, int mr, int nr) {
     for (int h = 0; h < nr; h += 8) {
       __m256 t[8];

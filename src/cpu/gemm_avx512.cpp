@@ -188,11 +188,19 @@ inline __m512 sgd_bf16(__m512 w, __m512 g, __m512 step) {
   return round_bf16(_mm512_add_ps(w, round_bf16(_mm512_mul_ps(step, g))));
 }
 
+// Where the micro-kernel's A comes from: packed panels; MR rows in place (slot s of row r is
+// word s of A + r * lda: an fp32 element, or a bf16 pair; rows past mr read row 0 and their
+// sums are dropped); or fp32 slots in place (MR rows contiguous, slots lda apart; rows past mr
+// are read, then dropped).
+enum class ASrc { packed, rows, cols };
+
 // The micro-kernel of gemm_driver.h; SGD16: C is a bf16 weight taking the step above.
-template <bool BF, bool SGD16 = false>
+template <bool BF, bool SGD16 = false, ASrc AS = ASrc::packed>
 void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
            int64_t ldc, int mr, int nr, bool acc, float alpha, const float* init = nullptr,
-           int64_t ldi = 0, const char* const* pf = nullptr, int npf = 0) {
+           int64_t ldi = 0, const char* const* pf = nullptr, int npf = 0, int64_t lda = 0) {
+  const uint32_t* ar[MR];
+  for (int r = 0; r < MR; ++r) ar[r] = A + (r < mr ? r * lda : 0);
   const __mmask16 m0 = nr >= 16 ? __mmask16(0xffff) : __mmask16((1u << nr) - 1);
   const __mmask16 m1 = nr >= 32  ? __mmask16(0xffff)
                        : nr > 16 ? __mmask16((1u << (nr - 16)) - 1)
@@ -218,7 +226,9 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
     if (s < npf) _mm_prefetch(pf[s], _MM_HINT_T1);
 #pragma GCC unroll 12
     for (int r = 0; r < MR; ++r) {
-      const __m512i a = _mm512_set1_epi32(int(A[s * MR + r]));
+      const __m512i a = _mm512_set1_epi32(int(AS == ASrc::rows   ? ar[r][s]
+                                              : AS == ASrc::cols ? A[s * lda + r]
+                                                                 : A[s * MR + r]));
       c0[r] = madd<BF>(c0[r], a, b0);
       c1[r] = madd<BF>(c1[r], a, b1);
     }
@@ -270,7 +280,43 @@ struct Kern {
                     const char* const* pf, int npf) {
     cpu::micro<SL == Slot::bf16x2, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf);
   }
-  static constexpr bool kInPlaceA = false;  // no gemm_skinny (not measured there yet)
+  // gemm_skinny: C[mr, nr] (+)= A[mr, S] (in place: fp32 elements, or bf16 pairs for the
+  // bf16 kind; row stride lda elements) x Bp[S][NR] into an aligned [MR][NR] buffer T, then
+  // Cᵀ[nr, mr] <- T. Pairs in place need an even K (a pair must not run past its row).
+  static constexpr bool kInPlaceA = true;
+  static bool in_place(bool bf16_kind, const View& A, int64_t K) {
+    return bf16_kind ? A.bf16 && K % 2 == 0 && A.rs % 2 == 0 &&
+                           reinterpret_cast<uintptr_t>(A.p) % 4 == 0
+                     : !A.bf16;
+  }
+  static void store_t(float* C, int64_t ldc, const float* T, int mr, int nr) {
+    const __mmask16 m = __mmask16((1u << mr) - 1);
+    for (int h = 0; h < nr; h += 16) {
+      __m512i t[16];
+      for (int r = 0; r < 16; ++r)
+        t[r] = r < mr ? _mm512_load_si512(T + r * NR + h) : _mm512_setzero_si512();
+      transpose16(t);  // t[c]: token h + c, rows 0..15
+      for (int c = 0; c < 16 && h + c < nr; ++c) _mm512_mask_storeu_epi32(C + (h + c) * ldc, m, t[c]);
+    }
+  }
+  static void micro_inplace(int64_t S, const void* A, bool bf16, int64_t lda, const uint32_t* B,
+                            float* C, int64_t ldc, int mr, int nr, bool acc, const char* const* pf,
+                            int npf) {
+    const auto a = static_cast<const uint32_t*>(A);
+    if (bf16)  // the bf16 kind's pairs
+      cpu::micro<true, false, ASrc::rows>(S, a, B, C, ldc, mr, nr, acc, 1.0f, nullptr, 0, pf, npf,
+                                          lda / 2);
+    else
+      cpu::micro<false, false, ASrc::rows>(S, a, B, C, ldc, mr, nr, acc, 1.0f, nullptr, 0, pf,
+                                           npf, lda);
+  }
+  // attention (cpu/attention_driver.h), fp32: its probabilities and score gradients read in
+  // place, by rows (micro_inplace) or by slots lda apart
+  static void micro_cols(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,
+                         int64_t ldc, int mr, int nr, bool acc) {
+    cpu::micro<false, false, ASrc::cols>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr,
+                                         nr, acc, 1.0f, nullptr, 0, nullptr, 0, lda);
+  }
 };
 
 }  // namespace

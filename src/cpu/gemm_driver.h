@@ -21,6 +21,10 @@
 //                                             dst [n / R][S][R] (as pack, panel by panel)
 //   micro<SL, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf)
 //                          C[mr, nr] (+)= Ap[S][MR] x Bp[S][NR] (below).
+//   kInPlaceA              true if it also has, with A read in place (gemm_skinny, attention):
+//     in_place(bf16_kind, A, K)   whether micro_inplace can read these rows
+//     micro_inplace(S, A, bf16, lda, B, C, ldc, mr, nr, acc, pf, npf), store_t(C, ldc, T, mr, nr),
+//     micro_cols(S, A, lda, B, C, ldc, mr, nr, acc)   (each documented with its kernel set)
 #pragma once
 #include <omp.h>
 #include <xmmintrin.h>
@@ -144,19 +148,20 @@ int64_t kc_for(int64_t S) {
 // weights of out = x Wᵀ, fp32 or bf16): the roles swap, Cᵀ = B Aᵀ, so that the kernel
 // broadcasts the weights straight from memory, MR rows at a time (no transposing pack of B,
 // no rounding of 32 rows up to tiles of MR), and only the small A is packed (the bf16 kind
-// rounds it; B must then hold bf16 already). Each tile sums its k blocks in a small buffer
+// rounds it; B must then hold bf16 already, and in pairs an even K: Kern::in_place). Each tile sums its k blocks in a small buffer
 // exactly as gemm() sums them into C: the same bits as gemm(). (dx = dout W the same way,
 // broadcasting across W's rows, measured 30 % slower than packing.)
 template <class Kern, bool BF>
 void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
-  constexpr Slot SL = BF ? Slot::bf16 : Slot::f32;
-  const int64_t KCB = kc_for(K), np = (M + NR - 1) / NR, es = B.bf16 ? 2 : 4;
-  uint32_t* Ap = workspace(np * NR * K);  // per k block pc: panels jr at Ap + pc*np*NR + jr*kc
-  for (int64_t pc = 0; pc < K; pc += KCB)
+  constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
+  constexpr int64_t per = per_slot(SL);  // K is a multiple of it (Kern::in_place)
+  const int64_t S = K / per, KCB = kc_for(S), np = (M + NR - 1) / NR, es = B.bf16 ? 2 : 4;
+  uint32_t* Ap = workspace(np * NR * S);  // per k block pc: panels jr at Ap + pc*np*NR + jr*kc
+  for (int64_t pc = 0; pc < S; pc += KCB)
     for (int64_t jr = 0; jr < M; jr += NR)
-      Kern::template pack<SL>(Ap + pc * np * NR + jr * lo(KCB, K - pc), A, M, K, jr, NR, pc,
-                              lo(KCB, K - pc));
+      Kern::template pack<SL>(Ap + pc * np * NR + jr * lo(KCB, S - pc), A, M, K, jr, NR, pc,
+                              lo(KCB, S - pc));
   const char* W = static_cast<const char*>(B.p);
   const auto band = [&](int t, int nt) {
     const int64_t mp = (N + MR - 1) / MR, n0 = lo(N, mp * t / nt * MR),
@@ -168,16 +173,16 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int6
       const int mr = int(lo(MR, n1 - i));
       for (int64_t jr = 0; jr < M; jr += NR) {
         const int nr = int(lo(NR, M - jr));
-        for (int64_t pc = 0; pc < K; pc += KCB) {
-          const int64_t kc = lo(KCB, K - pc);
+        for (int64_t pc = 0; pc < S; pc += KCB) {
+          const int64_t kc = lo(KCB, S - pc);
           // The first pass over these rows reads them from DRAM: fetch the next tile's
           // (the same k block) into L2 on the way, a line per slot.
           int npf = 0;
           if (jr == 0 && i + MR < n1)
             for (int64_t r = i + MR; r < lo(n1, i + 2 * MR); ++r)
-              for (int64_t b = 0; b < kc * es && npf < kLines; b += 64)
-                lines[npf++] = W + (r * B.rs + pc) * es + b;
-          Kern::micro_inplace(kc, W + (i * B.rs + pc) * es, B.bf16, B.rs,
+              for (int64_t b = 0; b < kc * per * es && npf < kLines; b += 64)
+                lines[npf++] = W + (r * B.rs + pc * per) * es + b;
+          Kern::micro_inplace(kc, W + (i * B.rs + pc * per) * es, B.bf16, B.rs,
                               Ap + pc * np * NR + jr * kc, acc, NR, mr, nr, pc > 0, lines,
                               int(lo(npf, kc)));
         }
@@ -201,8 +206,9 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
   constexpr int MR = Kern::MR, NR = Kern::NR;
   if (M <= 0 || N <= 0) return;
-  if constexpr (Kern::kInPlaceA && !SGD16 && (!BF || Kern::kBf16Slot == Slot::bf16))
-    if (M <= 4 * NR && !accumulate && alpha == 1.0f && B.ks == 1 && (!BF || B.bf16) && K > 0)
+  if constexpr (Kern::kInPlaceA && !SGD16)
+    if (M <= 4 * NR && !accumulate && alpha == 1.0f && B.ks == 1 && K > 0 &&
+        Kern::in_place(BF, B, K))
       return gemm_skinny<Kern, BF>(M, N, K, A, B, C, ldc);
   const int64_t S = (K + per_slot(SL) - 1) / per_slot(SL);  // slots
   if (S == 0) {                                             // empty sum
