@@ -138,8 +138,16 @@ k_worst = max(e32, key=e32.get)
 H.check("bf16 first-step gradients within 5e-2 rel L2 of the fp32 gradients at the same weights",
         e32[k_worst] < 5e-2, f"worst {e32[k_worst]:.2e} at {k_worst}")
 torch16 = {k: rel_l2(g16[k], g) for k, g in g32.items()}
-H.check("bf16 first-step gradients no farther from fp32 than PyTorch bf16's, + 1e-2",
-        all(e32[k] <= torch16[k] + 1e-2 for k in g32),
+# Where PyTorch bf16 is itself accurate (AVX-512 BF16 CPUs: 1-3e-2 from fp32), two equally
+# accurate roundings differ entry by entry by up to ~1.2e-2 (seeds 0-3: the largest excess over
+# PyTorch's is 0.6-1.2e-2 for builds whose mean ratio to it is 0.99-1.05; a harmless change of
+# fp32 sum order moves it by 3e-3). So: no less accurate than PyTorch bf16 on average, and no
+# entry an outlier beyond that noise.
+ratio = sum(e32[k] / torch16[k] for k in g32) / len(g32)
+H.check("bf16 first-step gradients on average no farther from fp32 than PyTorch bf16's (x1.1)",
+        ratio <= 1.1, f"mean ratio {ratio:.3f}")
+H.check("bf16 first-step gradients each no farther from fp32 than PyTorch bf16's, + 2e-2",
+        all(e32[k] <= torch16[k] + 2e-2 for k in g32),
         f"worst excess {max(e32[k] - torch16[k] for k in g32):+.2e}")
 sound = [k for k in g16 if torch16[k] < 2.5e-2]  # where PyTorch bf16 is itself near exact
 if sound:
