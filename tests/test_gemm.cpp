@@ -101,7 +101,7 @@ void run_set(const cpu::GemmSet& set, bool bf16) {
             for (int threads : {2, 1}) {
               omp_set_num_threads(threads);
               std::vector<float> out(c0.begin(), c0.end());
-              gemm(c.M, c.N, c.K, A.view, B.view, out.data(), ldc, acc, 1.0f);
+              gemm(c.M, c.N, c.K, A.view, B.view, out.data(), ldc, acc, 1.0f, false);
               if (threads == 2)
                 C = out;
               else
@@ -164,12 +164,38 @@ TEST(Gemm, SkinnyProductsMatchTheGeneralPathBitForBit) {
               const Operand A = make(tall, K, Layout::kcontig, false, false, seed++);
               const Operand B = make(N, K, lb, bsrc, false, seed++);
               std::vector<float> all(size_t(tall * N)), few(size_t(M * N));
-              gemm(tall, N, K, A.view, B.view, all.data(), N, false, 1.0f);
-              gemm(M, N, K, A.view, B.view, few.data(), N, false, 1.0f);
+              gemm(tall, N, K, A.view, B.view, all.data(), N, false, 1.0f, false);
+              gemm(M, N, K, A.view, B.view, few.data(), N, false, 1.0f, false);
               ASSERT_TRUE(std::equal(few.begin(), few.end(), all.begin()))
                   << set->name << ": M=" << M << " N=" << N << " K=" << K << " layout "
                   << int(lb) << " bf16 kind " << bf16 << " bf16 weights " << bsrc;
             }
+  }
+}
+
+// The rounded store (bf16 runs' layer outputs) is the plain product rounded to bf16, bit for
+// bit: on the skinny path (bf16 weights), over several k blocks (rounded once, at the last),
+// accumulating, and on the empty sum.
+TEST(Gemm, RoundedStoresAreTheRoundedProducts) {
+  FOR_EACH_SET(set) {
+    uint32_t seed = 300;
+    for (int64_t M : {32, 150})
+      for (int64_t K : {0, 7, 256, 600})
+        for (int kind = 0; kind < 4; ++kind) {
+          const bool bf16 = kind & 1, acc = kind & 2;
+          const auto gemm = bf16 ? set->bf16 : set->f32;
+          const int64_t N = 70;
+          const Operand A = make(M, K, Layout::kcontig, false, bf16, seed++);
+          const Operand B = make(N, K, Layout::kcontig, bf16, bf16, seed++);
+          const std::vector<double> c0 = test::randn(size_t(M * N), seed++);
+          std::vector<float> plain(c0.begin(), c0.end()), rounded = plain;
+          gemm(M, N, K, A.view, B.view, plain.data(), N, acc, 1.0f, false);
+          gemm(M, N, K, A.view, B.view, rounded.data(), N, acc, 1.0f, true);
+          for (size_t i = 0; i < plain.size(); ++i)
+            ASSERT_EQ(round_bf16(plain[i]), rounded[i])
+                << set->name << ": M=" << M << " K=" << K << " bf16 kind " << bf16 << " acc "
+                << acc << " at " << i;
+        }
   }
 }
 
@@ -194,7 +220,7 @@ TEST(Gemm, ScaledAndSgdStoresSumOverEveryKBlock) {
           omp_set_num_threads(threads);
           F[threads - 1] = Wf;
           H[threads - 1] = Wh;
-          set->f32(M, N, K, A.view, B.view, F[threads - 1].data(), N, true, -lr);
+          set->f32(M, N, K, A.view, B.view, F[threads - 1].data(), N, true, -lr, false);
           set->bf16_sgd(M, N, K, A.view, B.view, H[threads - 1].data(), N, lr);
         }
         omp_set_num_threads(cpu::threads());
@@ -243,12 +269,12 @@ TEST(Gemm, Bf16RoundsFp32OperandsToNearest) {
     std::vector<float> c0(a.size()), c1(a.size()), c2(a.size());
     // A as one row of n k's (packed k-contiguous) against the identity: row 0 of C is bf16(a)
     set->bf16(1, n, n, {a.data(), false, n, 1}, {eye.data(), false, n, 1}, c0.data(), n, false,
-              1.0f);
+              1.0f, false);
     // A as n rows of one k: row-contiguous, then strided
     set->bf16(n, 1, 1, {a.data(), false, 1, n}, {one.data(), false, 1, 1}, c1.data(), 1, false,
-              1.0f);
+              1.0f, false);
     set->bf16(n, 1, 1, {pad.data(), false, 2, 7}, {one.data(), false, 1, 1}, c2.data(), 1, false,
-              1.0f);
+              1.0f, false);
     for (int64_t i = 0; i < n; ++i) {
       const float want = round_bf16(a[size_t(i)]);
       EXPECT_EQ(c0[size_t(i)], want) << set->name << " k-contiguous, value " << a[size_t(i)];

@@ -214,6 +214,11 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
           EXPECT_LT(rel_l2(dqf, dq), tol) << what;
           EXPECT_LT(rel_l2(dkf, dk), tol) << what;  // overwritten, not accumulated
           EXPECT_LT(rel_l2(dvf, dv), tol) << what;
+          for (const auto* x : {&of, &dqf, &dkf, &dvf}) {  // bf16 kind: outputs stored rounded
+            const bool rounded =
+                std::all_of(x->begin(), x->end(), [](float f) { return f == round_bf16(f); });
+            EXPECT_TRUE(rounded || !bf) << what << ": an output is not a bf16 value";
+          }
           out[threads - 1] = of;
           out[threads - 1].insert(out[threads - 1].end(), lsef.begin(), lsef.end());
           grads[threads - 1] = dqf;

@@ -82,9 +82,10 @@ void pack_dims_b(uint32_t* dst, const View& Xt, int64_t D, int64_t K, int64_t SK
 // C[nq, D] (row stride ldc) = M[q][j] Y[j][d], M the block's probabilities or score
 // gradients held transposed in St: each A panel of MR queries sums the keys they see.
 // Yb: Y as B panels of NR dims over keys (pack_dims_b, ST slots each); Ap: one panel.
+// rnd: C stored rounded to bf16.
 template <class Kern, Slot SL>
 void query_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32_t* Ap,
-                int64_t D, int64_t ST, int64_t q0, int64_t nq) {
+                int64_t D, int64_t ST, int64_t q0, int64_t nq, bool rnd) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
   constexpr int64_t per = per_slot(SL);
   for (int64_t a = 0; a < nq; a += MR) {
@@ -93,13 +94,14 @@ void query_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint
     if constexpr (Kern::kInPlaceA && per == 1) {  // St's rows are the A slots
       for (int64_t d = 0; d < D; d += NR)
         Kern::micro_cols(S, St + a, kAttnQB, Yb + d * ST, C + a * ldc + d, ldc, mr,
-                         int(lo(NR, D - d)), false);
+                         int(lo(NR, D - d)), false, rnd);
       continue;
     }
     Kern::template pack<SL>(Ap, View{St + a, false, 1, kAttnQB}, nq - a, e, 0, MR, 0, S);
     for (int64_t d = 0; d < D; d += NR)
       Kern::template micro<SL, false>(S, Ap, Yb + d * ST, C + a * ldc + d, ldc, mr,
-                                      int(lo(NR, D - d)), false, 1.0f, nullptr, 0, nullptr, 0);
+                                      int(lo(NR, D - d)), false, 1.0f, nullptr, 0, nullptr, 0,
+                                      rnd);
   }
 }
 
@@ -200,8 +202,7 @@ void attn_forward(float* out, float* lse, const float* q, const float* k, const 
               for (int64_t c = j > q0 ? j - q0 : 0; c < nq; ++c)
                 s[c] = BF ? round_to_bf16(s[c] * sum[c]) : s[c] * sum[c];
             }
-            query_rows<Kern, SL>(sh.row(out, b, h, q0), ldq, St, VB, PA, D,
-                                 ST, q0, nq);
+            query_rows<Kern, SL>(sh.row(out, b, h, q0), ldq, St, VB, PA, D, ST, q0, nq, BF);
           }
       }
   }
@@ -275,9 +276,14 @@ void attn_backward(float* dq, float* dk, float* dv, const float* dout, const flo
             pack_dims_b<Kern, SL>(QT, View{qh, false, 1, ldq}, D, nq, SQ);
             key_rows<Kern, SL>(dvg, ldk, St, OT, XA, D, SQ, q0, nq);
             key_rows<Kern, SL>(dkg, ldk, dSt, QT, XA, D, SQ, q0, nq);
-            query_rows<Kern, SL>(sh.row(dq, b, h, q0), ldq, dSt, KB, XA, D,
-                                 ST, q0, nq);
+            query_rows<Kern, SL>(sh.row(dq, b, h, q0), ldq, dSt, KB, XA, D, ST, q0, nq, BF);
           }
+        if (BF)  // dK and dV are whole: the bf16 kind stores them rounded
+          for (int64_t j = 0; j < T; ++j)
+            for (int64_t d = 0; d < D; ++d) {
+              dkg[j * ldk + d] = round_to_bf16(dkg[j * ldk + d]);
+              dvg[j * ldk + d] = round_to_bf16(dvg[j * ldk + d]);
+            }
       }
   }
 }

@@ -21,7 +21,7 @@ struct View {
 };
 
 using GemmFn = void (*)(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
-                        bool accumulate, float alpha);
+                        bool accumulate, float alpha, bool round);
 using GemmSgdFn = void (*)(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W,
                            int64_t ldw, float lr);
 using AttnFwdFn = void (*)(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -44,11 +44,13 @@ const GemmSet* gemm_set(Isa isa);
 bool own_kernels();          // the products below may be called (some set is usable)
 const char* kernels_name();  // for the device line: "avx2 kernels", ..., "OpenBLAS kernels"
 
-// With accumulate and alpha != 1, each C element is fma(sum, alpha, C): one rounding.
+// With accumulate and alpha != 1, each C element is fma(sum, alpha, C): one rounding. With
+// round, each C element is stored rounded to bf16 (to nearest even), as round_bf16_inplace
+// after the product would leave it: bf16 runs' layer outputs.
 void gemm_f32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
-              bool accumulate, float alpha = 1.0f);
+              bool accumulate, float alpha = 1.0f, bool round = false);
 void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
-               bool accumulate, float alpha = 1.0f);
+               bool accumulate, float alpha = 1.0f, bool round = false);
 
 // The optimizer step fused into the weight-gradient product (no gradient is kept):
 // W[M, N] (bf16) <- bf16(W + bf16(bf16(-lr) * bf16(sum_k A B))), the optax bf16 SGD step of
@@ -57,7 +59,7 @@ void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W,
                    float lr);
 
 // Causal attention of cpu/layers.h on these kernels (bf16: the bf16 kind's products, P and dS
-// rounded to bf16 as they are packed).
+// rounded to bf16 as they are made, and out, dq, dk, dv stored rounded to bf16).
 void attention_forward_kernels(bool bf16, float* out, float* lse, const float* q, const float* k,
                                const float* v, int64_t B, int64_t T, int64_t H, int64_t KVH,
                                int64_t D);

@@ -212,7 +212,7 @@ enum class ASrc { packed, f32_rows, bf16_rows, f32_cols };
 template <bool SGD16, ASrc AS = ASrc::packed>
 void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
            int64_t ldc, int mr, int nr, bool acc, float alpha, const float* init, int64_t ldi,
-           const char* const* pf, int npf, int64_t lda = 0) {
+           const char* const* pf, int npf, int64_t lda = 0, bool rnd = false) {
   using AT = std::conditional_t<AS == ASrc::bf16_rows, uint16_t, float>;
   const float* a = reinterpret_cast<const float*>(A);
   const float* b = reinterpret_cast<const float*>(B);
@@ -279,6 +279,7 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
       c0[r] = _mm256_mul_ps(c0[r], _mm256_set1_ps(alpha));
       c1[r] = _mm256_mul_ps(c1[r], _mm256_set1_ps(alpha));
     }
+    if (rnd) c0[r] = round_bf16(c0[r]), c1[r] = round_bf16(c1[r]);
     store_f32(cr, nr, c0[r]);
     store_f32(cr + 8, n1, c1[r]);
   }
@@ -301,18 +302,24 @@ struct Kern {
   template <Slot SL, bool SGD16>
   static void micro(int64_t S, const uint32_t* A, const uint32_t* B, float* C, int64_t ldc, int mr,
                     int nr, bool acc, float alpha, const float* init, int64_t ldi,
-                    const char* const* pf, int npf) {
-    cpu::micro<SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf);
+                    const char* const* pf, int npf, bool rnd = false) {
+    cpu::micro<SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf, 0, rnd);
   }
   // gemm_skinny: C[mr, nr] (+)= A[mr, S] (in place, fp32 or bf16, row stride lda) x Bp[S][NR]
-  // into an aligned [MR][NR] buffer T, then Cᵀ[nr, mr] <- T. (Read back as the vectors it
-  // was written with: scalar reads of fresh vector stores would stall on store forwarding.)
+  // into an aligned [MR][NR] buffer T, then Cᵀ[nr, mr] <- T (rnd: each rounded to bf16). (Read
+  // back as the vectors it was written with: scalar reads of fresh vector stores would stall on
+  // store forwarding.)
   static constexpr bool kInPlaceA = true;
   static bool in_place(bool bf16_kind, const View& A, int64_t) { return !bf16_kind || A.bf16; }
-  static void store_t(float* C, int64_t ldc, const float* T, int mr, int nr) {
+  static void store_t(float* C, int64_t ldc, const float* T, int mr, int nr, bool rnd) {
     for (int h = 0; h < nr; h += 8) {
       __m256 t[8];
-      for (int r = 0; r < 8; ++r) t[r] = r < mr ? _mm256_load_ps(T + r * NR + h) : _mm256_setzero_ps();
+      for (int r = 0; r < 8; ++r) {
+        t[r] = _mm256_setzero_ps();
+        if (r >= mr) continue;
+        const __m256 x = _mm256_load_ps(T + r * NR + h);
+        t[r] = rnd ? round_bf16(x) : x;
+      }
       transpose8(t);  // t[c]: token h + c, rows 0..7
       for (int c = 0; c < 8 && h + c < nr; ++c)
         store_slot(reinterpret_cast<uint32_t*>(C + (h + c) * ldc), mr, t[c]);
@@ -332,9 +339,9 @@ struct Kern {
   // attention (cpu/attention_driver.h): its probabilities and score gradients read in place,
   // by rows (micro_inplace) or by slots lda apart
   static void micro_cols(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,
-                         int64_t ldc, int mr, int nr, bool acc) {
+                         int64_t ldc, int mr, int nr, bool acc, bool rnd = false) {
     cpu::micro<false, ASrc::f32_cols>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr, nr,
-                                      acc, 1.0f, nullptr, 0, nullptr, 0, lda);
+                                      acc, 1.0f, nullptr, 0, nullptr, 0, lda, rnd);
   }
 };
 

@@ -198,7 +198,8 @@ enum class ASrc { packed, rows, cols };
 template <bool BF, bool SGD16 = false, ASrc AS = ASrc::packed>
 void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
            int64_t ldc, int mr, int nr, bool acc, float alpha, const float* init = nullptr,
-           int64_t ldi = 0, const char* const* pf = nullptr, int npf = 0, int64_t lda = 0) {
+           int64_t ldi = 0, const char* const* pf = nullptr, int npf = 0, int64_t lda = 0,
+           bool rnd = false) {
   const uint32_t* ar[MR];
   for (int r = 0; r < MR; ++r) ar[r] = A + (r < mr ? r * lda : 0);
   const __mmask16 m0 = nr >= 16 ? __mmask16(0xffff) : __mmask16((1u << nr) - 1);
@@ -254,6 +255,7 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
       c0[r] = _mm512_mul_ps(c0[r], _mm512_set1_ps(alpha));
       c1[r] = _mm512_mul_ps(c1[r], _mm512_set1_ps(alpha));
     }
+    if (rnd) c0[r] = round_bf16(c0[r]), c1[r] = round_bf16(c1[r]);
     _mm512_mask_storeu_ps(cr, m0, c0[r]);
     _mm512_mask_storeu_ps(cr + 16, m1, c1[r]);
   }
@@ -277,24 +279,30 @@ struct Kern {
   template <Slot SL, bool SGD16>
   static void micro(int64_t S, const uint32_t* A, const uint32_t* B, float* C, int64_t ldc, int mr,
                     int nr, bool acc, float alpha, const float* init, int64_t ldi,
-                    const char* const* pf, int npf) {
-    cpu::micro<SL == Slot::bf16x2, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf);
+                    const char* const* pf, int npf, bool rnd = false) {
+    cpu::micro<SL == Slot::bf16x2, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf,
+                                          0, rnd);
   }
   // gemm_skinny: C[mr, nr] (+)= A[mr, S] (in place: fp32 elements, or bf16 pairs for the
   // bf16 kind; row stride lda elements) x Bp[S][NR] into an aligned [MR][NR] buffer T, then
-  // Cᵀ[nr, mr] <- T. Pairs in place need an even K (a pair must not run past its row).
+  // Cᵀ[nr, mr] <- T (rnd: each rounded to bf16). Pairs in place need an even K (a pair must not
+  // run past its row).
   static constexpr bool kInPlaceA = true;
   static bool in_place(bool bf16_kind, const View& A, int64_t K) {
     return bf16_kind ? A.bf16 && K % 2 == 0 && A.rs % 2 == 0 &&
                            reinterpret_cast<uintptr_t>(A.p) % 4 == 0
                      : !A.bf16;
   }
-  static void store_t(float* C, int64_t ldc, const float* T, int mr, int nr) {
+  static void store_t(float* C, int64_t ldc, const float* T, int mr, int nr, bool rnd) {
     const __mmask16 m = __mmask16((1u << mr) - 1);
     for (int h = 0; h < nr; h += 16) {
       __m512i t[16];
-      for (int r = 0; r < 16; ++r)
-        t[r] = r < mr ? _mm512_load_si512(T + r * NR + h) : _mm512_setzero_si512();
+      for (int r = 0; r < 16; ++r) {
+        t[r] = _mm512_setzero_si512();
+        if (r >= mr) continue;
+        const __m512 x = _mm512_load_ps(T + r * NR + h);
+        t[r] = _mm512_castps_si512(rnd ? round_bf16(x) : x);
+      }
       transpose16(t);  // t[c]: token h + c, rows 0..15
       for (int c = 0; c < 16 && h + c < nr; ++c) _mm512_mask_storeu_epi32(C + (h + c) * ldc, m, t[c]);
     }
@@ -313,9 +321,9 @@ struct Kern {
   // attention (cpu/attention_driver.h), fp32: its probabilities and score gradients read in
   // place, by rows (micro_inplace) or by slots lda apart
   static void micro_cols(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,
-                         int64_t ldc, int mr, int nr, bool acc) {
+                         int64_t ldc, int mr, int nr, bool acc, bool rnd = false) {
     cpu::micro<false, false, ASrc::cols>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr,
-                                         nr, acc, 1.0f, nullptr, 0, nullptr, 0, lda);
+                                         nr, acc, 1.0f, nullptr, 0, nullptr, 0, lda, rnd);
   }
 };
 

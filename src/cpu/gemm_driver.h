@@ -19,12 +19,13 @@
 //                                             zero outside the matrix
 //   pack_panels<SL>(dst, v, rows, K, r0, n, R, s0, S)   the R-row panels of rows r0..r0+n,
 //                                             dst [n / R][S][R] (as pack, panel by panel)
-//   micro<SL, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf)
+//   micro<SL, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf, rnd)
 //                          C[mr, nr] (+)= Ap[S][MR] x Bp[S][NR] (below).
 //   kInPlaceA              true if it also has, with A read in place (gemm_skinny, attention):
 //     in_place(bf16_kind, A, K)   whether micro_inplace can read these rows
-//     micro_inplace(S, A, bf16, lda, B, C, ldc, mr, nr, acc, pf, npf), store_t(C, ldc, T, mr, nr),
-//     micro_cols(S, A, lda, B, C, ldc, mr, nr, acc)   (each documented with its kernel set)
+//     micro_inplace(S, A, bf16, lda, B, C, ldc, mr, nr, acc, pf, npf),
+//     store_t(C, ldc, T, mr, nr, rnd),
+//     micro_cols(S, A, lda, B, C, ldc, mr, nr, acc, rnd)   (each documented with its kernel set)
 #pragma once
 #include <omp.h>
 #include <xmmintrin.h>
@@ -75,6 +76,11 @@ inline uint16_t to_bf16(float f) {  // round to nearest even (NaN stays NaN)
   std::memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+inline float bf16_round(float f) {
+  const uint32_t u = uint32_t(to_bf16(f)) << 16;
+  std::memcpy(&f, &u, 4);
+  return f;
 }
 inline uint16_t elem_bf16(const View& v, int64_t i, int64_t k) {
   const int64_t off = i * v.rs + k * v.ks;
@@ -152,7 +158,8 @@ int64_t kc_for(int64_t S) {
 // exactly as gemm() sums them into C: the same bits as gemm(). (dx = dout W the same way,
 // broadcasting across W's rows, measured 30 % slower than packing.)
 template <class Kern, bool BF>
-void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc) {
+void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
+                 bool rnd) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
   constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
   constexpr int64_t per = per_slot(SL);  // K is a multiple of it (Kern::in_place)
@@ -186,7 +193,7 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int6
                               Ap + pc * np * NR + jr * kc, acc, NR, mr, nr, pc > 0, lines,
                               int(lo(npf, kc)));
         }
-        Kern::store_t(C + jr * ldc + i, ldc, acc, mr, nr);
+        Kern::store_t(C + jr * ldc + i, ldc, acc, mr, nr, rnd);
       }
     }
   };
@@ -199,21 +206,25 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int6
 // slots starts from zero, or from `init` (fp32 partial sums, row stride ldi) when given; it
 // is stored as C = sum (alpha != 1: sum * alpha), with acc C += sum (alpha != 1:
 // fma(sum, alpha, C)); with SGD16, C is a bf16 weight that takes the SGD step of gemm.h with
-// alpha = bf16(-lr). pf[0..npf) are lines to prefetch into L2, one per slot.
+// alpha = bf16(-lr). pf[0..npf) are lines to prefetch into L2, one per slot. rnd: the stored
+// value is rounded to bf16 (the last store of a tile only; not with SGD16).
 template <class Kern, bool BF, bool SGD16 = false>
 void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc, bool accumulate,
-          float alpha) {
+          float alpha, bool rnd) {
   constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
   constexpr int MR = Kern::MR, NR = Kern::NR;
   if (M <= 0 || N <= 0) return;
   if constexpr (Kern::kInPlaceA && !SGD16)
     if (M <= 4 * NR && !accumulate && alpha == 1.0f && B.ks == 1 && K > 0 &&
         Kern::in_place(BF, B, K))
-      return gemm_skinny<Kern, BF>(M, N, K, A, B, C, ldc);
+      return gemm_skinny<Kern, BF>(M, N, K, A, B, C, ldc, rnd);
   const int64_t S = (K + per_slot(SL) - 1) / per_slot(SL);  // slots
   if (S == 0) {                                             // empty sum
     if (!accumulate)
       for (int64_t m = 0; m < M; ++m) std::memset(C + m * ldc, 0, size_t(N) * 4);
+    else if (rnd)
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) C[m * ldc + n] = bf16_round(C[m * ldc + n]);
     return;
   }
   // With alpha or the SGD step, the sum must be whole before the store: when it spans k
@@ -288,10 +299,11 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
                                                 0, pf, np);
               else if (earlier)
                 Kern::template micro<SL, SGD16>(sn, a, b, c, ldc, mr, nr, accumulate, alpha, tp,
-                                                NCB, pf, np);
+                                                NCB, pf, np, rnd);
               else
                 Kern::template micro<SL, SGD16>(sn, a, b, c, ldc, mr, nr, accumulate || pc > 0,
-                                                last ? alpha : 1.0f, nullptr, 0, pf, np);
+                                                last ? alpha : 1.0f, nullptr, 0, pf, np,
+                                                rnd && last);
             };
             const auto prefetch_c = [&](int64_t pi, int64_t pj) {
               for (int r = 0; r < int(lo(MR, mc - pi)); ++r) {
@@ -362,7 +374,7 @@ void gemm_sgd16(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, in
   const uint32_t step = uint32_t(to_bf16(-lr)) << 16;
   float alpha;
   std::memcpy(&alpha, &step, 4);
-  gemm<Kern, true, true>(M, N, K, A, B, reinterpret_cast<float*>(W), ldw, true, alpha);
+  gemm<Kern, true, true>(M, N, K, A, B, reinterpret_cast<float*>(W), ldw, true, alpha, false);
 }
 
 }  // namespace

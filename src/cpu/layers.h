@@ -20,13 +20,14 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
 void matmul_forward(float* out, const float* x, const float* W, int64_t N, int64_t IC, int64_t OC);
 void matmul_backward(float* dx, float* dW, const float* dout, const float* x, const float* W,
                      int64_t N, int64_t IC, int64_t OC);
-// bf16 weights (x, dout bf16 values held in fp32); only where own_kernels() (gemm.h)
+// bf16 weights (x, dout bf16 values held in fp32), out and dx stored rounded to bf16 (bf16
+// runs' layer outputs); only where own_kernels() (gemm.h)
 void matmul_forward_bf16w(float* out, const float* x, const uint16_t* W, int64_t N, int64_t IC,
                           int64_t OC);
 void matmul_backward_bf16w(float* dx, float* dW, const float* dout, const float* x,
                            const uint16_t* W, int64_t N, int64_t IC, int64_t OC);
-// matmul_backward with the SGD step of W fused into its weight-gradient product (no dW):
-// only where own_kernels() (gemm.h)
+// matmul_backward with the SGD step of W fused into its weight-gradient product (no dW; the
+// bf16w one stores dx rounded to bf16): only where own_kernels() (gemm.h)
 void matmul_backward_sgd(float* dx, float* W, const float* dout, const float* x, int64_t N,
                          int64_t IC, int64_t OC, float lr);
 void matmul_backward_sgd_bf16w(float* dx, uint16_t* W, const float* dout, const float* x, int64_t N,
@@ -45,7 +46,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
                         int64_t T, int64_t H, int64_t KVH, int64_t D);
 // The same with bf16 products (P and dS rounded to bf16 as a bf16 PyTorch model does; q, k,
-// v, dout hold bf16 values): only where own_kernels() (gemm.h)
+// v, dout hold bf16 values; out, dq, dk, dv stored rounded to bf16): only where own_kernels()
+// (gemm.h)
 void attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
                             int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
 void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* out,

@@ -29,13 +29,15 @@ struct Ops {
   void (*matmul_backward)(float*, float*, const float*, const float*, const float*, int64_t,
                           int64_t, int64_t);
   // Optional (null: widen the weight with bf16_to_f32 and use matmul_*): the same products
-  // with the weight in bf16 storage, for bf16 runs; x and dout hold bf16 values.
+  // with the weight in bf16 storage, for bf16 runs; x and dout hold bf16 values, and out and
+  // dx are stored rounded to bf16 (the model rounds them itself after the fallback).
   void (*matmul_forward_bf16w)(float*, const float*, const uint16_t*, int64_t, int64_t, int64_t);
   void (*matmul_backward_bf16w)(float*, float*, const float*, const float*, const uint16_t*,
                                 int64_t, int64_t, int64_t);
   // Optional (null: matmul_backward + sgd_update_*): matmul_backward whose weight takes its
   // SGD step inside the weight-gradient product, for weights with one gradient contribution.
-  // dx uses the weight before the step; no gradient is written.
+  // dx uses the weight before the step (the bf16w one stores it rounded to bf16); no gradient
+  // is written.
   void (*matmul_backward_sgd)(float*, float*, const float*, const float*, int64_t, int64_t, int64_t,
                               float);
   void (*matmul_backward_sgd_bf16w)(float*, uint16_t*, const float*, const float*, int64_t, int64_t,
@@ -53,7 +55,8 @@ struct Ops {
   void (*attention_backward)(float*, float*, float*, const float*, const float*, const float*,
                              const float*, const float*, const float*, int64_t, int64_t, int64_t,
                              int64_t, int64_t);
-  // Optional (null: attention_*): attention with bf16 products, for bf16 runs
+  // Optional (null: attention_*): attention with bf16 products, for bf16 runs; out, dq, dk, dv
+  // stored rounded to bf16
   void (*attention_forward_bf16)(float*, float*, const float*, const float*, const float*, int64_t,
                                  int64_t, int64_t, int64_t, int64_t);
   void (*attention_backward_bf16)(float*, float*, float*, const float*, const float*, const float*,

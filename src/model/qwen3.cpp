@@ -173,8 +173,9 @@ void Qwen3::grad_done(size_t off, int64_t n) {
 void Qwen3::linear_forward(float* out, const float* x, size_t off, int64_t IC, int64_t OC) {
   if (dtype_ == DType::bf16 && ops_.matmul_forward_bf16w)
     return ops_.matmul_forward_bf16w(out, x, static_cast<const uint16_t*>(params_) + off, N_, IC,
-                                     OC);
+                                     OC);  // out rounded to bf16 by the op
   ops_.matmul_forward(out, x, weight(off, IC * OC), N_, IC, OC);
+  rb(out, N_ * OC);
 }
 bool Qwen3::fused(size_t off) const {
   return can_fuse_ && fuse_lr_ > 0 && off != layout_.tok_emb;  // a tied head: two contributions
@@ -188,11 +189,13 @@ void Qwen3::linear_backward(float* dx, const float* dout, const float* x, size_t
     return ops_.matmul_backward_sgd_bf16w(dx, static_cast<uint16_t*>(params_) + off, dout, x, N_,
                                           IC, OC, fuse_lr_);
   }
-  if (dtype_ == DType::bf16 && ops_.matmul_backward_bf16w)
+  if (dtype_ == DType::bf16 && ops_.matmul_backward_bf16w) {
     ops_.matmul_backward_bf16w(dx, grad(off, IC * OC), dout, x,
                                static_cast<const uint16_t*>(params_) + off, N_, IC, OC);
-  else
+  } else {
     ops_.matmul_backward(dx, grad(off, IC * OC), dout, x, weight(off, IC * OC), N_, IC, OC);
+    rb(dx, N_ * IC);
+  }
   grad_done(off, IC * OC);
 }
 
@@ -213,7 +216,6 @@ double Qwen3::forward(const Batch& batch) {
     o.rmsnorm_forward(a.xn1, a.rstd1, a.res, weight(w.attn_norm, C), N, C, c.eps);
     rb(a.xn1, N * C);
     linear_forward(qkv_, a.xn1, w.wqkv, C, QKV);
-    rb(qkv_, N * QKV);
     o.qkv_split_forward(a.qr, a.kr, a.v, qkv_, N, H, K, D);
     o.rmsnorm_forward(a.q, a.qrstd, a.qr, weight(w.q_norm, D), N * H, D, c.eps);
     o.rmsnorm_forward(a.k, a.krstd, a.kr, weight(w.k_norm, D), N * K, D, c.eps);
@@ -224,9 +226,8 @@ double Qwen3::forward(const Batch& batch) {
     const bool bfa = dtype_ == DType::bf16 && o.attention_forward_bf16;
     (bfa ? o.attention_forward_bf16 : o.attention_forward)(a.att, a.lse, a.q, a.k, a.v, B_, T_, H,
                                                            K, D);
-    rb(a.att, N * H * D);
+    if (!bfa) rb(a.att, N * H * D);  // else rounded by the op
     linear_forward(tmp_, a.att, w.wo, H * D, C);
-    rb(tmp_, N * C);
     o.copy(a.mid, a.res, N * C);
     o.add_inplace(a.mid, tmp_, N * C);
     rb(a.mid, N * C);
@@ -234,11 +235,9 @@ double Qwen3::forward(const Batch& batch) {
     rb(a.xn2, N * C);
     // w1 and w3 are adjacent: one [2F, C] matmul
     linear_forward(a.ab, a.xn2, w.w1, C, 2 * F);
-    rb(a.ab, N * 2 * F);
     o.swiglu_forward(a.m, a.ab, N, F);
     rb(a.m, N * F);
     linear_forward(tmp_, a.m, w.w2, F, C);
-    rb(tmp_, N * C);
     o.copy(res_out, a.mid, N * C);
     o.add_inplace(res_out, tmp_, N * C);
     rb(res_out, N * C);
@@ -246,7 +245,6 @@ double Qwen3::forward(const Batch& batch) {
   o.rmsnorm_forward(xnf_, rstdf_, res_final_, weight(layout_.norm, C), N, C, c.eps);
   rb(xnf_, N * C);
   linear_forward(logits_, xnf_, layout_.lm_head, C, c.V);
-  rb(logits_, N * c.V);
   return o.crossentropy_forward(lse_ce_, logits_, targets_, N, c.V);
 }
 
@@ -265,7 +263,6 @@ void Qwen3::backward() {
   rb(logits_, N * c.V);
   const size_t head = layout_.lm_head, fnorm = layout_.norm;
   linear_backward(dxn_, logits_, xnf_, head, C, c.V);
-  rb(dxn_, N * C);
   o.rmsnorm_backward(dres_, grad(fnorm, C), dxn_, res_final_, rstdf_, weight(fnorm, C), N, C);
   grad_done(fnorm, C);
   rb(dres_, N * C);
@@ -274,11 +271,9 @@ void Qwen3::backward() {
     const LayerActs& a = la_[l];
     // feed-forward: dres is the gradient of this layer's output
     linear_backward(dm_, dres_, a.m, w.w2, F, C);
-    rb(dm_, N * F);
     o.swiglu_backward(dab_, dm_, a.ab, N, F);
     rb(dab_, N * 2 * F);
     linear_backward(dxn_, dab_, a.xn2, w.w1, C, 2 * F);
-    rb(dxn_, N * C);
     o.rmsnorm_backward(dtmp_, grad(w.ffn_norm, C), dxn_, a.mid, a.rstd2, weight(w.ffn_norm, C), N,
                        C);
     grad_done(w.ffn_norm, C);
@@ -286,11 +281,10 @@ void Qwen3::backward() {
     rb(dres_, N * C);
     // attention
     linear_backward(datt_, dres_, a.att, w.wo, H * D, C);
-    rb(datt_, N * H * D);
     const bool bfa = dtype_ == DType::bf16 && o.attention_backward_bf16;
     (bfa ? o.attention_backward_bf16 : o.attention_backward)(dq_, dk_, dv_, datt_, a.att, a.lse,
                                                              a.q, a.k, a.v, B_, T_, H, K, D);
-    rb(dq_, N * H * D), rb(dk_, N * K * D), rb(dv_, N * K * D);
+    if (!bfa) rb(dq_, N * H * D), rb(dk_, N * K * D), rb(dv_, N * K * D);  // else by the op
     o.rope_backward(dq_, dq_, cos_, sin_, B_, T_, H, D);
     o.rope_backward(dk_, dk_, cos_, sin_, B_, T_, K, D);
     rb(dq_, N * H * D), rb(dk_, N * K * D);
@@ -301,7 +295,6 @@ void Qwen3::backward() {
     rb(dqr_, N * H * D), rb(dkr_, N * K * D);
     o.qkv_split_backward(qkv_, dqr_, dkr_, dv_, N, H, K, D);
     linear_backward(dxn_, qkv_, a.xn1, w.wqkv, C, QKV);
-    rb(dxn_, N * C);
     o.rmsnorm_backward(dtmp_, grad(w.attn_norm, C), dxn_, a.res, a.rstd1, weight(w.attn_norm, C), N,
                        C);
     grad_done(w.attn_norm, C);

@@ -67,7 +67,8 @@ class Qwen3 {
   float* grad(size_t off, int64_t n);
   void grad_done(size_t off, int64_t n);
   // matmul_forward / matmul_backward with weight `off` [OC, IC]; bf16 runs hand the bf16
-  // weight to the backend's bf16 products where it has them.
+  // weight to the backend's bf16 products where it has them. out and dx come back rounded to
+  // bf16 in bf16 runs (by those products, else here).
   void linear_forward(float* out, const float* x, size_t off, int64_t IC, int64_t OC);
   void linear_backward(float* dx, const float* dout, const float* x, size_t off, int64_t IC,
                        int64_t OC);
