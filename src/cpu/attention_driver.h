@@ -279,11 +279,11 @@ void attn_backward(float* dq, float* dk, float* dv, const float* dout, const flo
             query_rows<Kern, SL>(sh.row(dq, b, h, q0), ldq, dSt, KB, XA, D, ST, q0, nq, BF);
           }
         if (BF)  // dK and dV are whole: the bf16 kind stores them rounded
-          for (int64_t j = 0; j < T; ++j)
-            for (int64_t d = 0; d < D; ++d) {
-              dkg[j * ldk + d] = round_to_bf16(dkg[j * ldk + d]);
-              dvg[j * ldk + d] = round_to_bf16(dvg[j * ldk + d]);
-            }
+          for (int64_t j = 0; j < T; ++j) {
+            float *kr = dkg + j * ldk, *vr = dvg + j * ldk;
+#pragma omp simd
+            for (int64_t d = 0; d < D; ++d) kr[d] = round_to_bf16(kr[d]), vr[d] = round_to_bf16(vr[d]);
+          }
       }
   }
 }
