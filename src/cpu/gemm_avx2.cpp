@@ -309,7 +309,7 @@ struct Kern {
   // into an aligned [MR][NR] buffer T, then Cᵀ[nr, mr] <- T (rnd: each rounded to bf16). (Read
   // back as the vectors it was written with: scalar reads of fresh vector stores would stall on
   // store forwarding.)
-  static constexpr bool kInPlaceA = true;
+  static constexpr bool kInPlaceA = true, kInPlaceB = false;
   static bool in_place(bool bf16_kind, const View& A, int64_t) { return !bf16_kind || A.bf16; }
   static void store_t(float* C, int64_t ldc, const float* T, int mr, int nr, bool rnd) {
     for (int h = 0; h < nr; h += 8) {

@@ -195,11 +195,13 @@ inline __m512 sgd_bf16(__m512 w, __m512 g, __m512 step) {
 enum class ASrc { packed, rows, cols };
 
 // The micro-kernel of gemm_driver.h; SGD16: C is a bf16 weight taking the step above.
-template <bool BF, bool SGD16 = false, ASrc AS = ASrc::packed>
+// BIP: B in place instead of packed, slot s at B + s * ldb (fp32 rows of a matrix: masked to
+// nr columns at its edge).
+template <bool BF, bool SGD16 = false, ASrc AS = ASrc::packed, bool BIP = false>
 void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
            int64_t ldc, int mr, int nr, bool acc, float alpha, const float* init = nullptr,
            int64_t ldi = 0, const char* const* pf = nullptr, int npf = 0, int64_t lda = 0,
-           bool rnd = false) {
+           bool rnd = false, int64_t ldb = NR) {
   const uint32_t* ar[MR];
   for (int r = 0; r < MR; ++r) ar[r] = A + (r < mr ? r * lda : 0);
   const __mmask16 m0 = nr >= 16 ? __mmask16(0xffff) : __mmask16((1u << nr) - 1);
@@ -221,9 +223,19 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
       _mm_prefetch(cr + 64, _MM_HINT_T0);
     }
   }
+  const bool edge = nr < NR;
   for (int64_t s = 0; s < S; ++s) {
-    const __m512 b0 = _mm512_load_ps(B + s * NR), b1 = _mm512_load_ps(B + s * NR + 16);
-    _mm_prefetch(reinterpret_cast<const char*>(B + s * NR + 8 * NR), _MM_HINT_T0);
+    __m512 b0, b1;
+    if constexpr (BIP) {
+      const uint32_t* bs = B + s * ldb;
+      b0 = edge ? _mm512_maskz_loadu_ps(m0, bs) : _mm512_loadu_ps(bs);
+      b1 = edge ? _mm512_maskz_loadu_ps(m1, bs + 16) : _mm512_loadu_ps(bs + 16);
+      _mm_prefetch(reinterpret_cast<const char*>(bs + 8 * ldb), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(bs + 8 * ldb + 16), _MM_HINT_T0);
+    } else {
+      b0 = _mm512_load_ps(B + s * NR), b1 = _mm512_load_ps(B + s * NR + 16);
+      _mm_prefetch(reinterpret_cast<const char*>(B + s * NR + 8 * NR), _MM_HINT_T0);
+    }
     if (s < npf) _mm_prefetch(pf[s], _MM_HINT_T1);
 #pragma GCC unroll 12
     for (int r = 0; r < MR; ++r) {
@@ -320,6 +332,15 @@ struct Kern {
   }
   // attention (cpu/attention_driver.h), fp32: its probabilities and score gradients read in
   // place, by rows (micro_inplace) or by slots lda apart
+  // B in place (kInPlaceB): fp32 rows of the matrix, slot s at B + s * ldb, masked to nr columns
+  static constexpr bool kInPlaceB = true;
+  static void micro_bip(int64_t S, const uint32_t* A, const float* B, int64_t ldb, float* C,
+                        int64_t ldc, int mr, int nr, bool acc, const char* const* pf, int npf,
+                        bool rnd) {
+    cpu::micro<false, false, ASrc::packed, true>(S, A, reinterpret_cast<const uint32_t*>(B), C,
+                                                 ldc, mr, nr, acc, 1.0f, nullptr, 0, pf, npf, 0,
+                                                 rnd, ldb);
+  }
   static void micro_cols(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,
                          int64_t ldc, int mr, int nr, bool acc, bool rnd = false) {
     cpu::micro<false, false, ASrc::cols>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr,

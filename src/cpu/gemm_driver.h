@@ -26,6 +26,8 @@
 //     micro_inplace(S, A, bf16, lda, B, C, ldc, mr, nr, acc, pf, npf),
 //     store_t(C, ldc, T, mr, nr, rnd),
 //     micro_cols(S, A, lda, B, C, ldc, mr, nr, acc, rnd)   (each documented with its kernel set)
+//   kInPlaceB              true if it also has micro_bip(S, A, B, ldb, C, ldc, mr, nr, acc, pf, npf,
+//                          rnd): B's fp32 rows read in place
 #pragma once
 #include <omp.h>
 #include <xmmintrin.h>
@@ -274,6 +276,10 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           // Short sums over many rows (the SGD step over 32 tokens): the traffic is C, read
           // and written once; tiles along its rows keep that to MR streams from DRAM.
           const bool by_rows = !stream && kc <= 64;
+          // One block of rows (dx = dout W at 32 tokens) and B's fp32 rows contiguous: the
+          // kernel reads B's panels where they lie, no copy (the kernel set permitting).
+          const bool bip = Kern::kInPlaceB && stream && SL == Slot::f32 && B.rs == 1 &&
+                           !B.bf16 && !scaled;
           if (!stream) Kern::template pack_panels<SL>(Bp, B, N, K, jc, nc, NR, pc, kc);
           for (int64_t ic = finish ? icf : m0; ic < (finish ? lo(m1, icf + MC) : m1); ic += MC) {
             const int64_t mc = lo(MC, m1 - ic), mt = (mc + MR - 1) / MR * MR;
@@ -294,6 +300,11 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
               float* c = tile<SGD16>(C, (ic + ir) * ldc + jc + jr);
               float* tp = Tp + ir * NCB + jr;
               const bool earlier = (finish && pc > 0) || s0 > 0;  // partial sums in Tp
+              if constexpr (Kern::kInPlaceB)
+                if (bip)  // (one k block per tile store: not scaled)
+                  return Kern::micro_bip(sn, a, static_cast<const float*>(B.p) + pc * B.ks + jc + jr,
+                                         B.ks, c, ldc, mr, nr, accumulate || pc > 0, pf, np,
+                                         rnd && last);
               if ((finish && !last) || s0 + sn < kc)
                 Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, earlier, 1.0f, nullptr,
                                                 0, pf, np);
@@ -339,7 +350,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
             for (int64_t jr = 0; jr < nc; jr += NR) {
               int npf = 0;  // next panel's lines, handed out to this panel's tiles
               if (stream) {
-                Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
+                if (!bip) Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
                 if (jr + NR < nc)
                   npf = panel_lines<SL>(lines, kLines, B, N, K, jc + jr + NR, NR, pc, kc);
                 else if (!last)  // the next k block's first panel
