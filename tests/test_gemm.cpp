@@ -78,10 +78,10 @@ std::vector<const cpu::GemmSet*> usable_sets() {
 struct Case {
   int64_t M, N, K;
 };
-const Case kCases[] = {{1, 1, 1},     {1, 33, 7},     {5, 17, 3},     {12, 32, 64},
-                       {13, 33, 65},  {32, 256, 256}, {31, 70, 385},  {100, 50, 2},
-                       {24, 800, 40}, {7, 1600, 33},  {40, 64, 1000}, {257, 97, 129},
-                       {300, 70, 40}};  // short sums over more rows than a block: C by rows
+const Case kCases[] = {{1, 1, 1},      {1, 33, 7},     {5, 17, 3},   {12, 32, 64},  {13, 33, 65},
+                       {32, 256, 256}, {31, 70, 385},  {100, 50, 2}, {24, 800, 40}, {7, 1600, 33},
+                       {40, 64, 1000}, {257, 97, 129}, {300, 70, 40}};  // short sums over more rows
+                                                                        // than a block: C by rows
 
 void run_set(const cpu::GemmSet& set, bool bf16) {
   const auto gemm = bf16 ? set.bf16 : set.f32;
@@ -167,8 +167,8 @@ TEST(Gemm, SkinnyProductsMatchTheGeneralPathBitForBit) {
               gemm(tall, N, K, A.view, B.view, all.data(), N, false, 1.0f, false);
               gemm(M, N, K, A.view, B.view, few.data(), N, false, 1.0f, false);
               ASSERT_TRUE(std::equal(few.begin(), few.end(), all.begin()))
-                  << set->name << ": M=" << M << " N=" << N << " K=" << K << " layout "
-                  << int(lb) << " bf16 kind " << bf16 << " bf16 weights " << bsrc;
+                  << set->name << ": M=" << M << " N=" << N << " K=" << K << " layout " << int(lb)
+                  << " bf16 kind " << bf16 << " bf16 weights " << bsrc;
             }
   }
 }
@@ -193,8 +193,8 @@ TEST(Gemm, RoundedStoresAreTheRoundedProducts) {
           gemm(M, N, K, A.view, B.view, rounded.data(), N, acc, 1.0f, true);
           for (size_t i = 0; i < plain.size(); ++i)
             ASSERT_EQ(round_bf16(plain[i]), rounded[i])
-                << set->name << ": M=" << M << " K=" << K << " bf16 kind " << bf16 << " acc "
-                << acc << " at " << i;
+                << set->name << ": M=" << M << " K=" << K << " bf16 kind " << bf16 << " acc " << acc
+                << " at " << i;
         }
   }
 }

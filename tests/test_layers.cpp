@@ -191,13 +191,14 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
         std::vector<float> qf = to_f(randn(nq, 1)), kf = to_f(randn(nk, 2)),
                            vf = to_f(randn(nk, 3)), Gf = to_f(randn(nq, 4));
         if (bf)
-          for (auto* x : {&qf, &kf, &vf, &Gf}) cpu::round_bf16_inplace(x->data(), int64_t(x->size()));
+          for (auto* x : {&qf, &kf, &vf, &Gf})
+            cpu::round_bf16_inplace(x->data(), int64_t(x->size()));
         Vec o(nq), lse(B * H * T), dq(nq), dk(nk), dv(nk);
         ref::attention_forward(o.data(), lse.data(), to_d(qf).data(), to_d(kf).data(),
                                to_d(vf).data(), B, T, H, KVH, D);
         ref::attention_backward(dq.data(), dk.data(), dv.data(), to_d(Gf).data(), o.data(),
-                                lse.data(), to_d(qf).data(), to_d(kf).data(), to_d(vf).data(), B,
-                                T, H, KVH, D);
+                                lse.data(), to_d(qf).data(), to_d(kf).data(), to_d(vf).data(), B, T,
+                                H, KVH, D);
         std::vector<float> out[2], grads[2];
         for (const int threads : {2, 1}) {
           omp_set_num_threads(threads);
@@ -207,8 +208,8 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
           set->attn_bwd[bf](dqf.data(), dkf.data(), dvf.data(), Gf.data(), of.data(), lsef.data(),
                             qf.data(), kf.data(), vf.data(), B, T, H, KVH, D);
           const double tol = bf ? 1e-2 : kFast;
-          const std::string what = std::string(set->name) + (bf ? " bf16" : " f32") + " T=" +
-                                   std::to_string(T) + " D=" + std::to_string(D);
+          const std::string what = std::string(set->name) + (bf ? " bf16" : " f32") +
+                                   " T=" + std::to_string(T) + " D=" + std::to_string(D);
           EXPECT_LT(rel_l2(of, o), tol) << what;
           EXPECT_LT(rel_l2(lsef, lse), kFast) << what;
           EXPECT_LT(rel_l2(dqf, dq), tol) << what;

@@ -58,8 +58,7 @@ void score_tiles(float* St, const uint32_t* X, uint32_t* Yp, const View& Y, int6
     const int nr = int(lo(NR, nq - c));
     for (int64_t j = 0; j < lo(T, q0 + c + nr); j += MR)
       Kern::template micro<SL, false>(SD, X + j * SD, yp, St + j * kAttnQB + c, kAttnQB,
-                                      int(lo(MR, T - j)), nr, false, alpha, nullptr, 0, nullptr,
-                                      0);
+                                      int(lo(MR, T - j)), nr, false, alpha, nullptr, 0, nullptr, 0);
   }
 }
 
@@ -84,14 +83,14 @@ void pack_dims_b(uint32_t* dst, const View& Xt, int64_t D, int64_t K, int64_t SK
 // Yb: Y as B panels of NR dims over keys (pack_dims_b, ST slots each); Ap: one panel.
 // rnd: C stored rounded to bf16.
 template <class Kern, Slot SL>
-void query_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32_t* Ap,
-                int64_t D, int64_t ST, int64_t q0, int64_t nq, bool rnd) {
+void query_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32_t* Ap, int64_t D,
+                int64_t ST, int64_t q0, int64_t nq, bool rnd) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
   constexpr int64_t per = per_slot(SL);
   for (int64_t a = 0; a < nq; a += MR) {
     const int mr = int(lo(MR, nq - a));
     const int64_t e = q0 + a + mr, S = (e + per - 1) / per;  // keys 0..e-1
-    if constexpr (Kern::kInPlaceA && per == 1) {  // St's rows are the A slots
+    if constexpr (Kern::kInPlaceA && per == 1) {             // St's rows are the A slots
       for (int64_t d = 0; d < D; d += NR)
         Kern::micro_cols(S, St + a, kAttnQB, Yb + d * ST, C + a * ldc + d, ldc, mr,
                          int(lo(NR, D - d)), false, rnd);
@@ -100,8 +99,7 @@ void query_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint
     Kern::template pack<SL>(Ap, View{St + a, false, 1, kAttnQB}, nq - a, e, 0, MR, 0, S);
     for (int64_t d = 0; d < D; d += NR)
       Kern::template micro<SL, false>(S, Ap, Yb + d * ST, C + a * ldc + d, ldc, mr,
-                                      int(lo(NR, D - d)), false, 1.0f, nullptr, 0, nullptr, 0,
-                                      rnd);
+                                      int(lo(NR, D - d)), false, 1.0f, nullptr, 0, nullptr, 0, rnd);
   }
 }
 
@@ -117,7 +115,7 @@ void key_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32
   for (int64_t j = 0; j < e; j += MR) {
     const int mr = int(lo(MR, e - j));
     const int64_t s0 = (j > q0 ? j - q0 : 0) / per;  // queries before j do not see it
-    if constexpr (Kern::kInPlaceA && per == 1) {  // St's rows are the A rows
+    if constexpr (Kern::kInPlaceA && per == 1) {     // St's rows are the A rows
       for (int64_t d = 0; d < D; d += NR)
         Kern::micro_inplace(S - s0, St + j * kAttnQB + s0, false, kAttnQB, Yb + d * SQ + s0 * NR,
                             C + j * ldc + d, ldc, mr, int(lo(NR, D - d)), true, nullptr, 0);
@@ -147,8 +145,8 @@ struct AttnShape {
 };
 
 template <class Kern, bool BF>
-void attn_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                   int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
+void attn_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
+                  int64_t T, int64_t H, int64_t KVH, int64_t D) {
   constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
   constexpr int64_t QB = kAttnQB, per = per_slot(SL);
   static_assert(QB % Kern::MR == 0 && QB % Kern::NR == 0);
@@ -175,15 +173,16 @@ void attn_forward(float* out, float* lse, const float* q, const float* k, const 
         for (int64_t h = g * G; h < (g + 1) * G; ++h)
           for (int64_t q0 = 0; q0 < T; q0 += QB) {
             const int64_t nq = lo(QB, T - q0), e = q0 + nq;
-            score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), false, ldq, 1}, T, D, SD,
-                                  q0, nq, scale);
+            score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), false, ldq, 1}, T, D, SD, q0,
+                                  nq, scale);
             // softmax down each column c (query q0 + c sees keys j <= q0 + c); P = 0 where
             // masked, over all e keys the block's panels read
             for (int64_t c = 0; c < nq; ++c) mx[c] = -INFINITY, sum[c] = 0.0f;
             for (int64_t j = 0; j < e; ++j) {
               const float* s = St + j * QB;
 #pragma omp simd
-              for (int64_t c = j > q0 ? j - q0 : 0; c < nq; ++c) mx[c] = s[c] > mx[c] ? s[c] : mx[c];
+              for (int64_t c = j > q0 ? j - q0 : 0; c < nq; ++c)
+                mx[c] = s[c] > mx[c] ? s[c] : mx[c];
             }
             for (int64_t j = 0; j < e; ++j) {
               float* s = St + j * QB;
@@ -248,10 +247,10 @@ void attn_backward(float* dq, float* dk, float* dv, const float* dout, const flo
             const int64_t nq = lo(QB, T - q0), e = q0 + nq;
             const float *qh = sh.row(q, b, h, q0), *oh = sh.row(out, b, h, q0),
                         *gh = sh.row(dout, b, h, q0);
-            score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), false, ldq, 1}, T, D, SD,
-                                  q0, nq, scale);
-            score_tiles<Kern, SL>(dSt, VA, OP, View{sh.row(dout, b, h, 0), false, ldq, 1}, T, D,
-                                  SD, q0, nq, 1.0f);
+            score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), false, ldq, 1}, T, D, SD, q0,
+                                  nq, scale);
+            score_tiles<Kern, SL>(dSt, VA, OP, View{sh.row(dout, b, h, 0), false, ldq, 1}, T, D, SD,
+                                  q0, nq, 1.0f);
             for (int64_t c = 0; c < nq; ++c) {  // rowsum(dO O)
               float s = 0.0f;
 #pragma omp simd reduction(+ : s)
@@ -282,7 +281,8 @@ void attn_backward(float* dq, float* dk, float* dv, const float* dout, const flo
           for (int64_t j = 0; j < T; ++j) {
             float *kr = dkg + j * ldk, *vr = dvg + j * ldk;
 #pragma omp simd
-            for (int64_t d = 0; d < D; ++d) kr[d] = round_to_bf16(kr[d]), vr[d] = round_to_bf16(vr[d]);
+            for (int64_t d = 0; d < D; ++d)
+              kr[d] = round_to_bf16(kr[d]), vr[d] = round_to_bf16(vr[d]);
           }
       }
   }

@@ -25,10 +25,10 @@ using GemmFn = void (*)(int64_t M, int64_t N, int64_t K, View A, View B, float* 
 using GemmSgdFn = void (*)(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W,
                            int64_t ldw, float lr);
 using AttnFwdFn = void (*)(float* out, float* lse, const float* q, const float* k, const float* v,
-                          int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
+                           int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
 using AttnBwdFn = void (*)(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                          const float* lse, const float* q, const float* k, const float* v,
-                          int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
+                           const float* lse, const float* q, const float* k, const float* v,
+                           int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
 struct GemmSet {
   const char* name;  // "avx512_bf16", "avx512", "avx2"
   GemmFn f32, bf16;

@@ -233,7 +233,8 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
       _mm_prefetch(cr + (SGD16 ? 31 : 63), _MM_HINT_T0);
     }
   }
-  const auto slot = [&](int64_t s) __attribute__((always_inline)) {  // inlined whatever the unit size
+  const auto slot = [&](int64_t s)
+      __attribute__((always_inline)) {  // inlined whatever the unit size
     const __m256 b0 = _mm256_load_ps(b + s * NR), b1 = _mm256_load_ps(b + s * NR + 8);
     if (AS == ASrc::packed)
       _mm_prefetch(reinterpret_cast<const char*>(a + s * MR + 16 * MR), _MM_HINT_T0);

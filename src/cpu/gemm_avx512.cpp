@@ -105,8 +105,8 @@ void pack_rcontig(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t
                   int64_t s0, int64_t S) {
   // word i of a pair slot: bf16 i (the even k) low, bf16 16 + i (the odd k) high (a local
   // constant: nothing AVX-512 may run at load time on CPUs without it)
-  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   for (int rg = 0; rg < R; rg += 16) {
     const int64_t left = rows - (r0 + rg);
     const int nr = R - rg < 16 ? R - rg : 16;
@@ -301,9 +301,9 @@ struct Kern {
   // run past its row).
   static constexpr bool kInPlaceA = true;
   static bool in_place(bool bf16_kind, const View& A, int64_t K) {
-    return bf16_kind ? A.bf16 && K % 2 == 0 && A.rs % 2 == 0 &&
-                           reinterpret_cast<uintptr_t>(A.p) % 4 == 0
-                     : !A.bf16;
+    return bf16_kind
+               ? A.bf16 && K % 2 == 0 && A.rs % 2 == 0 && reinterpret_cast<uintptr_t>(A.p) % 4 == 0
+               : !A.bf16;
   }
   static void store_t(float* C, int64_t ldc, const float* T, int mr, int nr, bool rnd) {
     const __mmask16 m = __mmask16((1u << mr) - 1);
@@ -316,7 +316,8 @@ struct Kern {
         t[r] = _mm512_castps_si512(rnd ? round_bf16(x) : x);
       }
       transpose16(t);  // t[c]: token h + c, rows 0..15
-      for (int c = 0; c < 16 && h + c < nr; ++c) _mm512_mask_storeu_epi32(C + (h + c) * ldc, m, t[c]);
+      for (int c = 0; c < 16 && h + c < nr; ++c)
+        _mm512_mask_storeu_epi32(C + (h + c) * ldc, m, t[c]);
     }
   }
   static void micro_inplace(int64_t S, const void* A, bool bf16, int64_t lda, const uint32_t* B,
@@ -327,8 +328,8 @@ struct Kern {
       cpu::micro<true, false, ASrc::rows>(S, a, B, C, ldc, mr, nr, acc, 1.0f, nullptr, 0, pf, npf,
                                           lda / 2);
     else
-      cpu::micro<false, false, ASrc::rows>(S, a, B, C, ldc, mr, nr, acc, 1.0f, nullptr, 0, pf,
-                                           npf, lda);
+      cpu::micro<false, false, ASrc::rows>(S, a, B, C, ldc, mr, nr, acc, 1.0f, nullptr, 0, pf, npf,
+                                           lda);
   }
   // attention (cpu/attention_driver.h), fp32: its probabilities and score gradients read in
   // place, by rows (micro_inplace) or by slots lda apart
@@ -337,14 +338,14 @@ struct Kern {
   static void micro_bip(int64_t S, const uint32_t* A, const float* B, int64_t ldb, float* C,
                         int64_t ldc, int mr, int nr, bool acc, const char* const* pf, int npf,
                         bool rnd) {
-    cpu::micro<false, false, ASrc::packed, true>(S, A, reinterpret_cast<const uint32_t*>(B), C,
-                                                 ldc, mr, nr, acc, 1.0f, nullptr, 0, pf, npf, 0,
-                                                 rnd, ldb);
+    cpu::micro<false, false, ASrc::packed, true>(S, A, reinterpret_cast<const uint32_t*>(B), C, ldc,
+                                                 mr, nr, acc, 1.0f, nullptr, 0, pf, npf, 0, rnd,
+                                                 ldb);
   }
   static void micro_cols(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,
                          int64_t ldc, int mr, int nr, bool acc, bool rnd = false) {
-    cpu::micro<false, false, ASrc::cols>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr,
-                                         nr, acc, 1.0f, nullptr, 0, nullptr, 0, lda, rnd);
+    cpu::micro<false, false, ASrc::cols>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr, nr,
+                                         acc, 1.0f, nullptr, 0, nullptr, 0, lda, rnd);
   }
 };
 

@@ -26,7 +26,8 @@
 //     micro_inplace(S, A, bf16, lda, B, C, ldc, mr, nr, acc, pf, npf),
 //     store_t(C, ldc, T, mr, nr, rnd),
 //     micro_cols(S, A, lda, B, C, ldc, mr, nr, acc, rnd)   (each documented with its kernel set)
-//   kInPlaceB              true if it also has micro_bip(S, A, B, ldb, C, ldc, mr, nr, acc, pf, npf,
+//   kInPlaceB              true if it also has micro_bip(S, A, B, ldb, C, ldc, mr, nr, acc, pf,
+//   npf,
 //                          rnd): B's fp32 rows read in place
 #pragma once
 #include <omp.h>
@@ -156,12 +157,11 @@ int64_t kc_for(int64_t S) {
 // weights of out = x Wᵀ, fp32 or bf16): the roles swap, Cᵀ = B Aᵀ, so that the kernel
 // broadcasts the weights straight from memory, MR rows at a time (no transposing pack of B,
 // no rounding of 32 rows up to tiles of MR), and only the small A is packed (the bf16 kind
-// rounds it; B must then hold bf16 already, and in pairs an even K: Kern::in_place). Each tile sums its k blocks in a small buffer
-// exactly as gemm() sums them into C: the same bits as gemm(). (dx = dout W the same way,
-// broadcasting across W's rows, measured 30 % slower than packing.)
+// rounds it; B must then hold bf16 already, and in pairs an even K: Kern::in_place). Each tile sums
+// its k blocks in a small buffer exactly as gemm() sums them into C: the same bits as gemm(). (dx =
+// dout W the same way, broadcasting across W's rows, measured 30 % slower than packing.)
 template <class Kern, bool BF>
-void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
-                 bool rnd) {
+void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc, bool rnd) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
   constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
   constexpr int64_t per = per_slot(SL);  // K is a multiple of it (Kern::in_place)
@@ -278,8 +278,8 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           const bool by_rows = !stream && kc <= 64;
           // One block of rows (dx = dout W at 32 tokens) and B's fp32 rows contiguous: the
           // kernel reads B's panels where they lie, no copy (the kernel set permitting).
-          const bool bip = Kern::kInPlaceB && stream && SL == Slot::f32 && B.rs == 1 &&
-                           !B.bf16 && !scaled;
+          const bool bip =
+              Kern::kInPlaceB && stream && SL == Slot::f32 && B.rs == 1 && !B.bf16 && !scaled;
           if (!stream) Kern::template pack_panels<SL>(Bp, B, N, K, jc, nc, NR, pc, kc);
           for (int64_t ic = finish ? icf : m0; ic < (finish ? lo(m1, icf + MC) : m1); ic += MC) {
             const int64_t mc = lo(MC, m1 - ic), mt = (mc + MR - 1) / MR * MR;
@@ -302,9 +302,9 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
               const bool earlier = (finish && pc > 0) || s0 > 0;  // partial sums in Tp
               if constexpr (Kern::kInPlaceB)
                 if (bip)  // (one k block per tile store: not scaled)
-                  return Kern::micro_bip(sn, a, static_cast<const float*>(B.p) + pc * B.ks + jc + jr,
-                                         B.ks, c, ldc, mr, nr, accumulate || pc > 0, pf, np,
-                                         rnd && last);
+                  return Kern::micro_bip(sn, a,
+                                         static_cast<const float*>(B.p) + pc * B.ks + jc + jr, B.ks,
+                                         c, ldc, mr, nr, accumulate || pc > 0, pf, np, rnd && last);
               if ((finish && !last) || s0 + sn < kc)
                 Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, earlier, 1.0f, nullptr,
                                                 0, pf, np);
@@ -324,7 +324,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
                 _mm_prefetch(cr + (SGD16 ? 2 : 4) * NR - 1, _MM_HINT_T0);
               }
             };
-            if (split) {  // each tile summed by sub-blocks, in the same order either way
+            if (split) {    // each tile summed by sub-blocks, in the same order either way
               if (!stream)  // a B sub-panel stays in L1 across the tiles of a column
                 for (int64_t s0 = 0; s0 < kc; s0 += sub)
                   for (int64_t jr = 0; jr < nc; jr += NR)

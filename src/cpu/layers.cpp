@@ -249,7 +249,7 @@ static void attention_fwd(float* out, float* lse, const float* q, const float* k
           const int64_t row0 = ((b * T + i0) * H + g * G) * D;  // head g*G's query i0
           stack_heads(qs.data(), q + row0, m, G, H, D);
           block_probs(s.data(), qs.data(), kp, i0, m, G, e, KVH * D, D, T,
-                          lse + (b * H + g * G) * T + i0, nullptr);
+                      lse + (b * H + g * G) * T + i0, nullptr);
           sgemm(false, false, G * m, D, e, 1.0f, s.data(), e, vp, KVH * D, 0.0f, os.data(), D);
           unstack_heads(out + row0, os.data(), m, G, H, D);
         }
@@ -282,7 +282,7 @@ static void attention_bwd(float* dq, float* dk, float* dv, const float* dout, co
           for (int64_t gr = 0; gr < M; ++gr)  // rowsum(dO O) per stacked row
             rowdot[gr] = dot(dos.data() + gr * D, out + row0 + ((gr % m) * H + gr / m) * D, D);
           block_probs(p.data(), qs.data(), k + kv0, i0, m, G, e, ldk, D, T, nullptr,
-                          lse + (b * H + g * G) * T + i0);
+                      lse + (b * H + g * G) * T + i0);
           // dV += Pᵀ dO;  dP = dO Vᵀ
           sgemm(true, false, e, D, M, 1.0f, p.data(), e, dos.data(), D, 1.0f, dv + kv0, ldk);
           sgemm(false, true, M, e, D, 1.0f, dos.data(), D, v + kv0, ldk, 0.0f, ds.data(), e);
