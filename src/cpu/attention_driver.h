@@ -28,18 +28,6 @@ namespace {
 
 constexpr int64_t kAttnQB = 96;  // queries per block: a multiple of every kernel's MR and NR
 
-// x rounded to the nearest bf16 (ties even; NaN stays NaN), as fp32: the bf16 kind's P and dS
-// are rounded where they are made, so the products may read them in place (packing them
-// would round them again, to the same values).
-inline float round_to_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
 inline int64_t round_up(int64_t a, int64_t m) {
   return (a + m - 1) / m * m;
 }
@@ -257,7 +245,9 @@ void attn_backward(float* dq, float* dk, float* dv, const float* dout, const flo
               for (int64_t d = 0; d < D; ++d) s += gh[c * ldq + d] * oh[c * ldq + d];
               rowdot[c] = s;
             }
-            // P = exp(S - lse), dS = P (dP - rowsum(dO O)) scale; 0 where masked
+            // P = exp(S - lse), dS = P (dP - rowsum(dO O)) scale; 0 where masked. The bf16 kind
+            // rounds both here, so its products may read them in place (packing would round
+            // them again, to the same values); the forward rounds P likewise.
             const float* l = lse + (b * H + h) * T + q0;
             for (int64_t j = 0; j < e; ++j) {
               float *s = St + j * QB, *ds = dSt + j * QB;

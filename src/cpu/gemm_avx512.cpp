@@ -331,8 +331,6 @@ struct Kern {
       cpu::micro<false, false, ASrc::rows>(S, a, B, C, ldc, mr, nr, acc, 1.0f, nullptr, 0, pf, npf,
                                            lda);
   }
-  // attention (cpu/attention_driver.h), fp32: its probabilities and score gradients read in
-  // place, by rows (micro_inplace) or by slots lda apart
   // B in place (kInPlaceB): fp32 rows of the matrix, slot s at B + s * ldb, masked to nr columns
   static constexpr bool kInPlaceB = true;
   static void micro_bip(int64_t S, const uint32_t* A, const float* B, int64_t ldb, float* C,
@@ -342,6 +340,8 @@ struct Kern {
                                                  mr, nr, acc, 1.0f, nullptr, 0, pf, npf, 0, rnd,
                                                  ldb);
   }
+  // attention (cpu/attention_driver.h), fp32: its probabilities and score gradients read in
+  // place, by rows (micro_inplace) or by slots lda apart
   static void micro_cols(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,
                          int64_t ldc, int mr, int nr, bool acc, bool rnd = false) {
     cpu::micro<false, false, ASrc::cols>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr, nr,

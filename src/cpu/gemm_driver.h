@@ -26,9 +26,8 @@
 //     micro_inplace(S, A, bf16, lda, B, C, ldc, mr, nr, acc, pf, npf),
 //     store_t(C, ldc, T, mr, nr, rnd),
 //     micro_cols(S, A, lda, B, C, ldc, mr, nr, acc, rnd)   (each documented with its kernel set)
-//   kInPlaceB              true if it also has micro_bip(S, A, B, ldb, C, ldc, mr, nr, acc, pf,
-//   npf,
-//                          rnd): B's fp32 rows read in place
+//   kInPlaceB              true if it also has, with B's fp32 rows read in place:
+//     micro_bip(S, A, B, ldb, C, ldc, mr, nr, acc, pf, npf, rnd)
 #pragma once
 #include <omp.h>
 #include <xmmintrin.h>
@@ -80,10 +79,15 @@ inline uint16_t to_bf16(float f) {  // round to nearest even (NaN stays NaN)
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
-inline float bf16_round(float f) {
-  const uint32_t u = uint32_t(to_bf16(f)) << 16;
-  std::memcpy(&f, &u, 4);
-  return f;
+// x rounded to the nearest bf16 as fp32 (the same bits as to_bf16; branch-free, so `omp simd`
+// loops that call it vectorize)
+inline float round_to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
 }
 inline uint16_t elem_bf16(const View& v, int64_t i, int64_t k) {
   const int64_t off = i * v.rs + k * v.ks;
@@ -226,7 +230,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       for (int64_t m = 0; m < M; ++m) std::memset(C + m * ldc, 0, size_t(N) * 4);
     else if (rnd)
       for (int64_t m = 0; m < M; ++m)
-        for (int64_t n = 0; n < N; ++n) C[m * ldc + n] = bf16_round(C[m * ldc + n]);
+        for (int64_t n = 0; n < N; ++n) C[m * ldc + n] = round_to_bf16(C[m * ldc + n]);
     return;
   }
   // With alpha or the SGD step, the sum must be whole before the store: when it spans k
