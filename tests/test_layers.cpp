@@ -375,6 +375,37 @@ TEST(QkvSplit, FollowsTheFusedRowLayoutAndRoundTrips) {
   EXPECT_EQ(back, qkv);
 }
 
+// The bf16-weight products (bf16 runs, our kernels only) store out and dx rounded to bf16: the
+// model skips its own rounding pass after them (ops.h). Against the same product unrounded,
+// then rounded.
+TEST(MatmulBf16w, StoresOutAndDxRoundedToBf16) {
+  if (!cpu::own_kernels()) GTEST_SKIP() << "no AVX2/AVX-512 kernels: the model rounds itself";
+  for (const int64_t N : {32, 200}) {  // the skinny path and the general one
+    const int64_t IC = 64, OC = 48;
+    std::vector<float> x = to_f(randn(int(N * IC), 11)), g = to_f(randn(int(N * OC), 12)),
+                       wf = to_f(randn(int(OC * IC), 13));
+    cpu::round_bf16_inplace(x.data(), int64_t(x.size()));
+    cpu::round_bf16_inplace(g.data(), int64_t(g.size()));
+    std::vector<uint16_t> w(wf.size());
+    for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(wf[i]);
+    std::vector<float> out(size_t(N * OC)), dx(size_t(N * IC)), dx2(dx.size()), dW(wf.size());
+    cpu::matmul_forward_bf16w(out.data(), x.data(), w.data(), N, IC, OC);
+    cpu::matmul_backward_bf16w(dx.data(), dW.data(), g.data(), x.data(), w.data(), N, IC, OC);
+    cpu::matmul_backward_sgd_bf16w(dx2.data(), w.data(), g.data(), x.data(), N, IC, OC, 0.0f);
+    std::vector<float> want_out(out.size()), want_dx(dx.size());
+    cpu::gemm_bf16(N, OC, IC, {x.data(), false, IC, 1}, {w.data(), true, IC, 1}, want_out.data(),
+                   OC, false);
+    cpu::gemm_bf16(N, IC, OC, {g.data(), false, OC, 1}, {w.data(), true, 1, IC}, want_dx.data(), IC,
+                   false);
+    for (size_t i = 0; i < out.size(); ++i)
+      ASSERT_EQ(out[i], round_bf16(want_out[i])) << "out, N=" << N << " at " << i;
+    for (size_t i = 0; i < dx.size(); ++i) {
+      ASSERT_EQ(dx[i], round_bf16(want_dx[i])) << "dx, N=" << N << " at " << i;
+      ASSERT_EQ(dx2[i], dx[i]) << "dx of the fused step, N=" << N << " at " << i;
+    }
+  }
+}
+
 TEST(Bf16, RoundsToNearestEven) {
   EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
   EXPECT_EQ(round_bf16(1.0f + 0x1p-8f), 1.0f);                // tie -> even
