@@ -378,6 +378,69 @@ TEST(QkvSplit, FollowsTheFusedRowLayoutAndRoundTrips) {
 // The bf16-weight products (bf16 runs, our kernels only) store out and dx rounded to bf16: the
 // model skips its own rounding pass after them (ops.h). Against the same product unrounded,
 // then rounded.
+// The fused QK-norm + RoPE pass is the split, the two norms and the two rotations (and, for
+// bf16 runs, the rounding after each): the same bits, the norm weights' gradients to their
+// sums' order.
+class QkNormRope : public ::testing::TestWithParam<std::tuple<int, int, int, int, int>> {};
+TEST_P(QkNormRope, EqualsTheSplitNormsAndRotations) {
+  const auto [B, T, H, KVH, D] = GetParam();
+  const int64_t N = B * T, HD = N * H * D, KD = N * KVH * D, R = (H + 2 * KVH) * D;
+  std::vector<float> cs, sn;
+  rope_tables(cs, sn, T, D, 1e4);
+  const std::vector<float> qkv = to_f(randn(N * R, 1)), w = to_f(randn(2 * D, 2, 0.3)),
+                           dq = to_f(randn(HD, 3)), dk = to_f(randn(KD, 4)),
+                           dv = to_f(randn(KD, 5));
+  const float *qw = w.data(), *kw = w.data() + D;
+  for (bool rnd : {false, true}) {
+    auto rb = [&](std::vector<float>& x) {
+      if (rnd) cpu::round_bf16_inplace(x.data(), int64_t(x.size()));
+    };
+    std::vector<float> dvi = dv;  // a bf16 run's dv holds bf16 values
+    rb(dvi);
+    // unfused
+    std::vector<float> qr(HD), kr(KD), v(KD), q(HD), k(KD), qrs(N * H), krs(N * KVH);
+    cpu::qkv_split_forward(qr.data(), kr.data(), v.data(), qkv.data(), N, H, KVH, D);
+    cpu::rmsnorm_forward(q.data(), qrs.data(), qr.data(), qw, N * H, D, 1e-6);
+    cpu::rmsnorm_forward(k.data(), krs.data(), kr.data(), kw, N * KVH, D, 1e-6);
+    rb(q), rb(k);
+    cpu::rope_forward(q.data(), q.data(), cs.data(), sn.data(), B, T, H, D);
+    cpu::rope_forward(k.data(), k.data(), cs.data(), sn.data(), B, T, KVH, D);
+    rb(q), rb(k);
+    std::vector<float> gq = dq, gk = dk, dqr(HD), dkr(KD), dqkv(N * R), dw(2 * D, 0.5f);
+    cpu::rope_backward(gq.data(), gq.data(), cs.data(), sn.data(), B, T, H, D);
+    cpu::rope_backward(gk.data(), gk.data(), cs.data(), sn.data(), B, T, KVH, D);
+    rb(gq), rb(gk);
+    cpu::rmsnorm_backward(dqr.data(), dw.data(), gq.data(), qr.data(), qrs.data(), qw, N * H, D);
+    cpu::rmsnorm_backward(dkr.data(), dw.data() + D, gk.data(), kr.data(), krs.data(), kw, N * KVH,
+                          D);
+    rb(dqr), rb(dkr);
+    cpu::qkv_split_backward(dqkv.data(), dqr.data(), dkr.data(), dvi.data(), N, H, KVH, D);
+    // fused
+    std::vector<float> fq(HD), fk(KD), fv(KD), fqrs(N * H), fkrs(N * KVH), fdqkv(N * R, 7.0f),
+        fdw(2 * D, 0.5f);
+    cpu::qk_norm_rope_forward(fq.data(), fk.data(), fv.data(), fqrs.data(), fkrs.data(), qkv.data(),
+                              qw, kw, cs.data(), sn.data(), B, T, H, KVH, D, 1e-6, rnd);
+    cpu::qk_norm_rope_backward(fdqkv.data(), fdw.data(), fdw.data() + D, dq.data(), dk.data(),
+                               dvi.data(), qkv.data(), fqrs.data(), fkrs.data(), qw, kw, cs.data(),
+                               sn.data(), B, T, H, KVH, D, rnd);
+    const std::string what = rnd ? "rounded" : "fp32";
+    EXPECT_EQ(fq, q) << what;
+    EXPECT_EQ(fk, k) << what;
+    EXPECT_EQ(fv, v) << what;
+    EXPECT_EQ(fqrs, qrs) << what;
+    EXPECT_EQ(fkrs, krs) << what;
+    EXPECT_EQ(fdqkv, dqkv) << what;            // overwritten, every slot
+    EXPECT_LT(rel_l2(fdw, dw), 1e-6) << what;  // added into
+    if (rnd) {
+      for (float x : fdqkv) ASSERT_EQ(x, round_bf16(x));
+    }
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, QkNormRope,
+                         ::testing::Values(std::tuple{1, 1, 1, 1, 2}, std::tuple{2, 5, 4, 2, 8},
+                                           std::tuple{1, 7, 6, 3, 6}, std::tuple{3, 3, 2, 2, 10},
+                                           std::tuple{2, 40, 16, 8, 128}));
+
 TEST(MatmulBf16w, StoresOutAndDxRoundedToBf16) {
   if (!cpu::own_kernels()) GTEST_SKIP() << "no AVX2/AVX-512 kernels: the model rounds itself";
   for (const int64_t N : {32, 200}) {  // the skinny path and the general one

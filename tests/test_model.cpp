@@ -164,6 +164,37 @@ TEST(Qwen3, FusedSgdStepEqualsBackwardThenSgd) {
       }
 }
 
+// A backend without the fused QK-norm + RoPE op (CUDA) gets the model's composition of the
+// split, norms and rotations, from the same saved activations: the same step, bit for bit.
+TEST(Qwen3, ComposedQkNormRopeEqualsTheFusedOp) {
+  Ops composed = cpu_ops();
+  composed.qk_norm_rope_forward = nullptr;
+  composed.qk_norm_rope_backward = nullptr;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Config c = tiny(false);
+    const std::vector<float> w = tiny_params(c);
+    const Batch b = fixed_batch(2, 11, c.V);
+    Qwen3 m1(c, dt, 2, 11, cpu_ops()), m2(c, dt, 2, 11, composed);
+    m1.set_params(w.data());
+    m2.set_params(w.data());
+    std::vector<float> g1(w.size()), g2(w.size()), p1(w.size()), p2(w.size());
+    for (int s = 0; s < 2; ++s) {
+      const std::string what = std::string(dtype_name(dt)) + " step " + std::to_string(s);
+      ASSERT_EQ(m1.forward(b), m2.forward(b)) << what;
+      m1.backward();
+      m2.backward();
+      m1.get_grads(g1.data());
+      m2.get_grads(g2.data());
+      ASSERT_EQ(g1, g2) << what;
+      m1.sgd_update(0.3f);
+      m2.sgd_update(0.3f);
+    }
+    m1.get_params(p1.data());
+    m2.get_params(p2.data());
+    EXPECT_EQ(p1, p2) << dtype_name(dt);
+  }
+}
+
 TEST(Qwen3, Bf16KeepsParametersAndGradientsInBf16) {
   const Config c = tiny();
   const std::vector<float> w = tiny_params(c);

@@ -41,19 +41,32 @@ void embedding_backward(float* dE, const float* dout, const int32_t* tokens, int
   }
 }
 
+// One row of RMSNorm: o = x rstd w, rstd returned (rmsnorm_forward and the fused QK-norm).
+static inline float rms_row(float* o, const float* xr, const float* w, int64_t C, double eps) {
+  float ss = 0;  // by lanes: a serial sum is one FMA latency per element (QK-norm's rows)
+#pragma omp simd reduction(+ : ss)
+  for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
+  const float r = 1.0f / std::sqrt(ss / C + float(eps));
+  for (int64_t c = 0; c < C; ++c) o[c] = xr[c] * r * w[c];
+  return r;
+}
+// Its backward: d overwritten, dw (a thread's partial sums) added into.
+static inline void rms_row_backward(float* d, float* dw, const float* g, const float* xr, float r,
+                                    const float* w, int64_t C) {
+  float dot = 0;
+#pragma omp simd reduction(+ : dot)
+  for (int64_t c = 0; c < C; ++c) {
+    dot += g[c] * w[c] * xr[c];
+    dw[c] += g[c] * xr[c] * r;
+  }
+  dot *= r;
+  for (int64_t c = 0; c < C; ++c) d[c] = r * (g[c] * w[c] - xr[c] * r * dot / C);
+}
+
 void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C,
                      double eps) {
 #pragma omp parallel for schedule(static) if (N * C > 16384)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* xr = x + n * C;
-    float ss = 0;  // by lanes: a serial sum is one FMA latency per element (QK-norm's rows)
-#pragma omp simd reduction(+ : ss)
-    for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
-    const float r = 1.0f / std::sqrt(ss / C + float(eps));
-    rstd[n] = r;
-    float* o = out + n * C;
-    for (int64_t c = 0; c < C; ++c) o[c] = xr[c] * r * w[c];
-  }
+  for (int64_t n = 0; n < N; ++n) rstd[n] = rms_row(out + n * C, x + n * C, w, C, eps);
 }
 
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* rstd,
@@ -64,19 +77,8 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
   {
     float* mydw = dwpart.data() + size_t(omp_get_thread_num()) * C;
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      const float *xr = x + n * C, *g = dout + n * C;
-      const float r = rstd[n];
-      float dot = 0;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t c = 0; c < C; ++c) {
-        dot += g[c] * w[c] * xr[c];
-        mydw[c] += g[c] * xr[c] * r;
-      }
-      dot *= r;
-      float* d = dx + n * C;
-      for (int64_t c = 0; c < C; ++c) d[c] = r * (g[c] * w[c] - xr[c] * r * dot / C);
-    }
+    for (int64_t n = 0; n < N; ++n)
+      rms_row_backward(dx + n * C, mydw, dout + n * C, x + n * C, rstd[n], w, C);
   }
   for (int t = 0; t < nt; ++t)
     for (int64_t c = 0; c < C; ++c) dw[c] += dwpart[size_t(t) * C + c];
@@ -149,25 +151,25 @@ void qkv_split_backward(float* dqkv, const float* dq, const float* dk, const flo
     }
 }
 
-// sign = +1: forward rotation; -1: its transpose (backward).
+// One head row rotated: sign = +1 forward, -1 its transpose (backward).
+static inline void rope_row(float* o, const float* xi, const float* c, const float* s, int64_t D2,
+                            float sign) {
+  for (int64_t e = 0; e < D2; ++e) {
+    const float x1 = xi[e], x2 = xi[e + D2], se = sign * s[e];
+    o[e] = x1 * c[e] - x2 * se;
+    o[e + D2] = x2 * c[e] + x1 * se;
+  }
+}
 static void rope_apply(float* out, const float* x, const float* cos, const float* sin, int64_t B,
                        int64_t T, int64_t NH, int64_t D, float sign) {
   const int64_t D2 = D / 2;
 #pragma omp parallel for collapse(2) schedule(static) if (B * T * NH * D > 65536)
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      const float *c = cos + t * D2, *s = sin + t * D2;
+    for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < NH; ++h) {
         const int64_t base = ((b * T + t) * NH + h) * D;
-        const float* xi = x + base;
-        float* o = out + base;
-        for (int64_t e = 0; e < D2; ++e) {
-          const float x1 = xi[e], x2 = xi[e + D2], se = sign * s[e];
-          o[e] = x1 * c[e] - x2 * se;
-          o[e + D2] = x2 * c[e] + x1 * se;
-        }
+        rope_row(out + base, x + base, cos + t * D2, sin + t * D2, D2, sign);
       }
-    }
 }
 void rope_forward(float* out, const float* x, const float* cos, const float* sin, int64_t B,
                   int64_t T, int64_t NH, int64_t D) {
@@ -176,6 +178,78 @@ void rope_forward(float* out, const float* x, const float* cos, const float* sin
 void rope_backward(float* dx, const float* dout, const float* cos, const float* sin, int64_t B,
                    int64_t T, int64_t NH, int64_t D) {
   rope_apply(dx, dout, cos, sin, B, T, NH, D, -1.0f);
+}
+
+static inline void round_row(float* x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
+}
+
+// The qkv split, QK-norm and RoPE in one pass over each token's fused projection row: per
+// kv group g of a row, [G query heads | key | value] (spec §3). Row by row the arithmetic
+// (and, for a fixed thread count dividing N, the order of the norm weights' gradient sums)
+// is that of the unfused ops.
+void qk_norm_rope_forward(float* q, float* k, float* v, float* qrstd, float* krstd,
+                          const float* qkv, const float* qw, const float* kw, const float* cos,
+                          const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                          double eps, bool rnd) {
+  const int64_t G = H / KVH, R = (H + 2 * KVH) * D, D2 = D / 2, N = B * T;
+#pragma omp parallel if (N * R > 16384)
+  {
+    std::vector<float> y(static_cast<size_t>(D));  // the normalized row before its rotation
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float *c = cos + (n % T) * D2, *s = sin + (n % T) * D2;
+      for (int64_t g = 0; g < KVH; ++g) {
+        const float* src = qkv + n * R + g * (G + 2) * D;
+        for (int64_t i = 0; i <= G; ++i) {  // G query heads, then the key
+          const bool key = i == G;
+          const int64_t row = key ? n * KVH + g : n * H + g * G + i;
+          (key ? krstd : qrstd)[row] = rms_row(y.data(), src + i * D, key ? kw : qw, D, eps);
+          if (rnd) round_row(y.data(), D);
+          float* o = (key ? k : q) + row * D;
+          rope_row(o, y.data(), c, s, D2, 1.0f);
+          if (rnd) round_row(o, D);
+        }
+        std::memcpy(v + (n * KVH + g) * D, src + (G + 1) * D, size_t(D) * sizeof(float));
+      }
+    }
+  }
+}
+void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq, const float* dk,
+                           const float* dv, const float* qkv, const float* qrstd,
+                           const float* krstd, const float* qw, const float* kw, const float* cos,
+                           const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH,
+                           int64_t D, bool rnd) {
+  const int64_t G = H / KVH, R = (H + 2 * KVH) * D, D2 = D / 2, N = B * T;
+  const int nt = omp_get_max_threads();
+  std::vector<float> part(size_t(nt) * 2 * D, 0.0f);  // per thread: dqw, dkw partial sums
+#pragma omp parallel if (N * R > 16384)
+  {
+    float* mq = part.data() + size_t(omp_get_thread_num()) * 2 * D;
+    std::vector<float> gr(static_cast<size_t>(D));  // the row's gradient before the rotation
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float *c = cos + (n % T) * D2, *s = sin + (n % T) * D2;
+      for (int64_t g = 0; g < KVH; ++g) {
+        const float* src = qkv + n * R + g * (G + 2) * D;
+        float* dst = dqkv + n * R + g * (G + 2) * D;
+        for (int64_t i = 0; i <= G; ++i) {
+          const bool key = i == G;
+          const int64_t row = key ? n * KVH + g : n * H + g * G + i;
+          rope_row(gr.data(), (key ? dk : dq) + row * D, c, s, D2, -1.0f);
+          if (rnd) round_row(gr.data(), D);
+          rms_row_backward(dst + i * D, key ? mq + D : mq, gr.data(), src + i * D,
+                           (key ? krstd : qrstd)[row], key ? kw : qw, D);
+          if (rnd) round_row(dst + i * D, D);
+        }
+        std::memcpy(dst + (G + 1) * D, dv + (n * KVH + g) * D, size_t(D) * sizeof(float));
+      }
+    }
+  }
+  for (int t = 0; t < nt; ++t)
+    for (int64_t e = 0; e < D; ++e)
+      dqw[e] += part[size_t(t) * 2 * D + e], dkw[e] += part[size_t(t) * 2 * D + D + e];
 }
 
 static inline float dot(const float* a, const float* b, int64_t D) {

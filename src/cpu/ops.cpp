@@ -96,6 +96,8 @@ const Ops& cpu_ops() {
       cpu::qkv_split_backward,
       cpu::rope_forward,
       cpu::rope_backward,
+      cpu::qk_norm_rope_forward,
+      cpu::qk_norm_rope_backward,
       cpu::attention_forward,
       cpu::attention_backward,
       own ? cpu::attention_forward_bf16 : nullptr,

@@ -598,6 +598,8 @@ const Ops& device_ops() {
       qkv_split_backward,
       rope_forward,
       rope_backward,
+      nullptr,  // qk_norm_rope_*: the model composes the split, norms and rotations
+      nullptr,
       attention_forward,
       attention_backward,
       nullptr,  // attention_*_bf16: fp32 products

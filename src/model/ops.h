@@ -50,6 +50,18 @@ struct Ops {
                        int64_t);
   void (*rope_backward)(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
                         int64_t);
+  // Optional (null: qkv_split, rmsnorm with q_norm / k_norm, rope, the model rounding after
+  // each in bf16 runs, rnd): all of that in one pass over the fused projection qkv [N, QKV]:
+  // forward (q, k, v, qrstd, krstd, qkv, qw, kw, cos, sin, B, T, H, KVH, D, eps, rnd);
+  // backward (dqkv, dqw, dkw, dq, dk, dv, qkv, qrstd, krstd, qw, kw, cos, sin, B, T, H, KVH, D,
+  // rnd) overwrites dqkv and adds into dqw, dkw.
+  void (*qk_norm_rope_forward)(float*, float*, float*, float*, float*, const float*, const float*,
+                               const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                               int64_t, int64_t, double, bool);
+  void (*qk_norm_rope_backward)(float*, float*, float*, const float*, const float*, const float*,
+                                const float*, const float*, const float*, const float*,
+                                const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                                int64_t, int64_t, bool);
   void (*attention_forward)(float*, float*, const float*, const float*, const float*, int64_t,
                             int64_t, int64_t, int64_t, int64_t);
   void (*attention_backward)(float*, float*, float*, const float*, const float*, const float*,

@@ -55,6 +55,7 @@ const Ops& profiled(const Ops& inner) {
     TQ_WRAP(matmul_backward_sgd), TQ_WRAP(matmul_backward_sgd_bf16w);
     TQ_WRAP(qkv_split_forward), TQ_WRAP(qkv_split_backward);
     TQ_WRAP(rope_forward), TQ_WRAP(rope_backward);
+    TQ_WRAP(qk_norm_rope_forward), TQ_WRAP(qk_norm_rope_backward);
     TQ_WRAP(attention_forward), TQ_WRAP(attention_backward);
     TQ_WRAP(attention_forward_bf16), TQ_WRAP(attention_backward_bf16);
     TQ_WRAP(swiglu_forward), TQ_WRAP(swiglu_backward);

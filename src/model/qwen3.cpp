@@ -36,10 +36,10 @@ void rope_tables(std::vector<float>& cos, std::vector<float>& sin, int64_t T, in
 // Sizes (floats) of the per-layer saved activations, in LayerActs order.
 static std::vector<int64_t> layer_act_sizes(const Config& c, int64_t B, int64_t T) {
   const int64_t N = B * T;
-  return {N * c.C,         N * c.C,     N,         N * c.H * c.D, N * c.KVH * c.D,
-          N * c.KVH * c.D, N * c.H,     N * c.KVH, N * c.H * c.D, N * c.KVH * c.D,
-          N * c.H * c.D,   B * c.H * T, N * c.C,   N * c.C,       N,
-          N * 2 * c.F,     N * c.F};
+  const int64_t HD = c.H * c.D, KD = c.KVH * c.D;
+  // res, xn1, rstd1, qkv, v, qrstd, krstd, q, k, att, lse, mid, xn2, rstd2, ab, m
+  return {N * c.C, N * c.C, N,           N * c.qkv_rows(), N * KD,  N * c.H, N * c.KVH,   N * HD,
+          N * KD,  N * HD,  B * c.H * T, N * c.C,          N * c.C, N,       N * 2 * c.F, N * c.F};
 }
 static int64_t final_act_size(const Config& c, int64_t N) {
   return N * c.C + N * c.C + N + N * c.V + N;  // res_final, xnf, rstdf, logits, lse_ce
@@ -83,7 +83,7 @@ Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& op
   const std::vector<int64_t> ls = layer_act_sizes(cfg, B, T);
   for (int64_t l = 0; l < cfg.L; ++l) {
     LayerActs a;
-    float** views[] = {&a.res, &a.xn1, &a.rstd1, &a.qr,  &a.kr,  &a.v,     &a.qrstd, &a.krstd, &a.q,
+    float** views[] = {&a.res, &a.xn1, &a.rstd1, &a.qkv, &a.v,   &a.qrstd, &a.krstd, &a.q,
                        &a.k,   &a.att, &a.lse,   &a.mid, &a.xn2, &a.rstd2, &a.ab,    &a.m};
     for (size_t i = 0; i < ls.size(); ++i) *views[i] = p, p += ls[i];
     la_.push_back(a);
@@ -215,14 +215,21 @@ double Qwen3::forward(const Batch& batch) {
     float* res_out = l + 1 < c.L ? la_[l + 1].res : res_final_;
     o.rmsnorm_forward(a.xn1, a.rstd1, a.res, weight(w.attn_norm, C), N, C, c.eps);
     rb(a.xn1, N * C);
-    linear_forward(qkv_, a.xn1, w.wqkv, C, QKV);
-    o.qkv_split_forward(a.qr, a.kr, a.v, qkv_, N, H, K, D);
-    o.rmsnorm_forward(a.q, a.qrstd, a.qr, weight(w.q_norm, D), N * H, D, c.eps);
-    o.rmsnorm_forward(a.k, a.krstd, a.kr, weight(w.k_norm, D), N * K, D, c.eps);
-    rb(a.q, N * H * D), rb(a.k, N * K * D);
-    o.rope_forward(a.q, a.q, cos_, sin_, B_, T_, H, D);
-    o.rope_forward(a.k, a.k, cos_, sin_, B_, T_, K, D);
-    rb(a.q, N * H * D), rb(a.k, N * K * D);
+    linear_forward(a.qkv, a.xn1, w.wqkv, C, QKV);
+    // q_norm and k_norm are adjacent: widened together in bf16 runs
+    const float* qkw = weight(w.q_norm, 2 * D);
+    if (o.qk_norm_rope_forward) {
+      o.qk_norm_rope_forward(a.q, a.k, a.v, a.qrstd, a.krstd, a.qkv, qkw, qkw + D, cos_, sin_, B_,
+                             T_, H, K, D, c.eps, dtype_ == DType::bf16);
+    } else {  // the split's q, k into backward scratch (free until backward)
+      o.qkv_split_forward(dqr_, dkr_, a.v, a.qkv, N, H, K, D);
+      o.rmsnorm_forward(a.q, a.qrstd, dqr_, qkw, N * H, D, c.eps);
+      o.rmsnorm_forward(a.k, a.krstd, dkr_, qkw + D, N * K, D, c.eps);
+      rb(a.q, N * H * D), rb(a.k, N * K * D);
+      o.rope_forward(a.q, a.q, cos_, sin_, B_, T_, H, D);
+      o.rope_forward(a.k, a.k, cos_, sin_, B_, T_, K, D);
+      rb(a.q, N * H * D), rb(a.k, N * K * D);
+    }
     const bool bfa = dtype_ == DType::bf16 && o.attention_forward_bf16;
     (bfa ? o.attention_forward_bf16 : o.attention_forward)(a.att, a.lse, a.q, a.k, a.v, B_, T_, H,
                                                            K, D);
@@ -285,15 +292,24 @@ void Qwen3::backward() {
     (bfa ? o.attention_backward_bf16 : o.attention_backward)(dq_, dk_, dv_, datt_, a.att, a.lse,
                                                              a.q, a.k, a.v, B_, T_, H, K, D);
     if (!bfa) rb(dq_, N * H * D), rb(dk_, N * K * D), rb(dv_, N * K * D);  // else by the op
-    o.rope_backward(dq_, dq_, cos_, sin_, B_, T_, H, D);
-    o.rope_backward(dk_, dk_, cos_, sin_, B_, T_, K, D);
-    rb(dq_, N * H * D), rb(dk_, N * K * D);
-    o.rmsnorm_backward(dqr_, grad(w.q_norm, D), dq_, a.qr, a.qrstd, weight(w.q_norm, D), N * H, D);
-    grad_done(w.q_norm, D);
-    o.rmsnorm_backward(dkr_, grad(w.k_norm, D), dk_, a.kr, a.krstd, weight(w.k_norm, D), N * K, D);
-    grad_done(w.k_norm, D);
-    rb(dqr_, N * H * D), rb(dkr_, N * K * D);
-    o.qkv_split_backward(qkv_, dqr_, dkr_, dv_, N, H, K, D);
+    const float* qkw = weight(w.q_norm, 2 * D);  // q_norm, k_norm (adjacent)
+    float* dqkw = grad(w.q_norm, 2 * D);
+    if (o.qk_norm_rope_backward) {
+      o.qk_norm_rope_backward(qkv_, dqkw, dqkw + D, dq_, dk_, dv_, a.qkv, a.qrstd, a.krstd, qkw,
+                              qkw + D, cos_, sin_, B_, T_, H, K, D, dtype_ == DType::bf16);
+    } else {
+      o.rope_backward(dq_, dq_, cos_, sin_, B_, T_, H, D);
+      o.rope_backward(dk_, dk_, cos_, sin_, B_, T_, K, D);
+      rb(dq_, N * H * D), rb(dk_, N * K * D);
+      // the norms' inputs again, from the saved projection: q, k, v fill qkv_ exactly
+      float *qr = qkv_, *kr = qkv_ + N * H * D;
+      o.qkv_split_forward(qr, kr, kr + N * K * D, a.qkv, N, H, K, D);
+      o.rmsnorm_backward(dqr_, dqkw, dq_, qr, a.qrstd, qkw, N * H, D);
+      o.rmsnorm_backward(dkr_, dqkw + D, dk_, kr, a.krstd, qkw + D, N * K, D);
+      rb(dqr_, N * H * D), rb(dkr_, N * K * D);
+      o.qkv_split_backward(qkv_, dqr_, dkr_, dv_, N, H, K, D);
+    }
+    grad_done(w.q_norm, 2 * D);
     linear_backward(dxn_, qkv_, a.xn1, w.wqkv, C, QKV);
     o.rmsnorm_backward(dtmp_, grad(w.attn_norm, C), dxn_, a.res, a.rstd1, weight(w.attn_norm, C), N,
                        C);

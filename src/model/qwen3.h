@@ -76,8 +76,8 @@ class Qwen3 {
   float fuse_lr_ = 0;
   std::vector<std::pair<size_t, size_t>> unfused_;  // [offset, count) left to sgd_update
   struct LayerActs {
-    float *res, *xn1, *rstd1, *qr, *kr, *v, *qrstd, *krstd, *q, *k, *att, *lse, *mid, *xn2, *rstd2,
-        *ab, *m;
+    float *res, *xn1, *rstd1, *qkv, *v, *qrstd, *krstd, *q, *k, *att, *lse, *mid, *xn2, *rstd2, *ab,
+        *m;
   };
   const Config& cfg_;
   ParamLayout layout_;
