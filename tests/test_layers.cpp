@@ -289,10 +289,18 @@ TEST_P(SwiGlu, MatchesReferenceAndFiniteDifferences) {
   fd_check(fwd, {ab}, G, {dab});
   auto abf = to_f(ab), Gf = to_f(G);
   std::vector<float> yf(N * F), dabf(N * 2 * F);
-  cpu::swiglu_forward(yf.data(), abf.data(), N, F);
-  cpu::swiglu_backward(dabf.data(), Gf.data(), abf.data(), N, F);
+  cpu::swiglu_forward(yf.data(), abf.data(), N, F, false);
+  cpu::swiglu_backward(dabf.data(), Gf.data(), abf.data(), N, F, false);
   EXPECT_LT(rel_l2(yf, y), kFast);
   EXPECT_LT(rel_l2(dabf, dab), kFast);
+  // rnd: the same values, stored rounded to bf16
+  std::vector<float> yr(N * F), dabr(N * 2 * F);
+  cpu::swiglu_forward(yr.data(), abf.data(), N, F, true);
+  cpu::swiglu_backward(dabr.data(), Gf.data(), abf.data(), N, F, true);
+  cpu::round_bf16_inplace(yf.data(), N * F);
+  cpu::round_bf16_inplace(dabf.data(), N * 2 * F);
+  EXPECT_EQ(yr, yf);
+  EXPECT_EQ(dabr, dabf);
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, SwiGlu,
                          ::testing::Values(std::tuple{1, 1}, std::tuple{3, 17},

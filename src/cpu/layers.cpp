@@ -398,16 +398,18 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
   attention_backward_kernels(true, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
 }
 
-void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F) {
+void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F, bool rnd) {
 #pragma omp parallel for schedule(static) if (N * F > 16384)
   for (int64_t n = 0; n < N; ++n) {
     const float *a = ab + n * 2 * F, *b = a + F;
     float* o = out + n * F;
 #pragma omp simd
     for (int64_t f = 0; f < F; ++f) o[f] = a[f] / (1.0f + vexp(-a[f])) * b[f];
+    if (rnd) round_row(o, F);  // while the row is in L1
   }
 }
-void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, int64_t F) {
+void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, int64_t F,
+                     bool rnd) {
 #pragma omp parallel for schedule(static) if (N * F > 16384)
   for (int64_t n = 0; n < N; ++n) {
     const float *a = ab + n * 2 * F, *b = a + F, *g = dout + n * F;
@@ -418,6 +420,7 @@ void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, 
       da[f] = g[f] * b[f] * sg * (1.0f + a[f] * (1.0f - sg));
       db[f] = g[f] * a[f] * sg;
     }
+    if (rnd) round_row(da, 2 * F);
   }
 }
 

@@ -63,8 +63,10 @@ void attention_forward_bf16(float* out, float* lse, const float* q, const float*
 void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* out,
                              const float* lse, const float* q, const float* k, const float* v,
                              int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
-void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F);
-void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, int64_t F);
+// rnd: the output stored rounded to bf16 (bf16 runs)
+void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F, bool rnd);
+void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, int64_t F,
+                     bool rnd);
 double crossentropy_forward(float* lse, const float* logits, const int32_t* targets, int64_t N,
                             int64_t V);
 void crossentropy_backward(float* dlogits, const float* logits, const float* lse,

@@ -485,28 +485,31 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 }
 
 // ---- SwiGLU on [N, 2F]: a = gate (w1), b = up (w3) ----
-__global__ void k_swiglu_fwd(float* out, const float* ab, int64_t N, int64_t F) {
+__global__ void k_swiglu_fwd(float* out, const float* ab, int64_t N, int64_t F, bool rnd) {
   GRID_STRIDE(i, N * F) {
     const int64_t n = i / F, f = i % F;
-    const float a = ab[n * 2 * F + f], b = ab[n * 2 * F + F + f];
-    out[i] = a / (1.0f + expf(-a)) * b;
+    const float a = ab[n * 2 * F + f], b = ab[n * 2 * F + F + f], y = a / (1.0f + expf(-a)) * b;
+    out[i] = rnd ? round_bf(y) : y;
   }
 }
-void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F) {
-  k_swiglu_fwd<<<blocks(N * F), kThreads>>>(out, ab, N, F);
+void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F, bool rnd) {
+  k_swiglu_fwd<<<blocks(N * F), kThreads>>>(out, ab, N, F, rnd);
   LAUNCHED("swiglu_forward");
 }
-__global__ void k_swiglu_bwd(float* dab, const float* dout, const float* ab, int64_t N, int64_t F) {
+__global__ void k_swiglu_bwd(float* dab, const float* dout, const float* ab, int64_t N, int64_t F,
+                             bool rnd) {
   GRID_STRIDE(i, N * F) {
     const int64_t n = i / F, f = i % F;
     const float a = ab[n * 2 * F + f], b = ab[n * 2 * F + F + f], g = dout[i];
     const float sg = 1.0f / (1.0f + expf(-a));
-    dab[n * 2 * F + f] = g * b * sg * (1.0f + a * (1.0f - sg));
-    dab[n * 2 * F + F + f] = g * a * sg;
+    const float da = g * b * sg * (1.0f + a * (1.0f - sg)), db = g * a * sg;
+    dab[n * 2 * F + f] = rnd ? round_bf(da) : da;
+    dab[n * 2 * F + F + f] = rnd ? round_bf(db) : db;
   }
 }
-void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, int64_t F) {
-  k_swiglu_bwd<<<blocks(N * F), kThreads>>>(dab, dout, ab, N, F);
+void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, int64_t F,
+                     bool rnd) {
+  k_swiglu_bwd<<<blocks(N * F), kThreads>>>(dab, dout, ab, N, F, rnd);
   LAUNCHED("swiglu_backward");
 }
 

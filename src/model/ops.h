@@ -74,8 +74,9 @@ struct Ops {
   void (*attention_backward_bf16)(float*, float*, float*, const float*, const float*, const float*,
                                   const float*, const float*, const float*, int64_t, int64_t,
                                   int64_t, int64_t, int64_t);
-  void (*swiglu_forward)(float*, const float*, int64_t, int64_t);
-  void (*swiglu_backward)(float*, const float*, const float*, int64_t, int64_t);
+  // the last flag: store the output rounded to bf16 (bf16 runs)
+  void (*swiglu_forward)(float*, const float*, int64_t, int64_t, bool);
+  void (*swiglu_backward)(float*, const float*, const float*, int64_t, int64_t, bool);
   double (*crossentropy_forward)(float*, const float*, const int32_t*, int64_t, int64_t);
   void (*crossentropy_backward)(float*, const float*, const float*, const int32_t*, int64_t,
                                 int64_t, double);

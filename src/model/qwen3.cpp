@@ -242,8 +242,7 @@ double Qwen3::forward(const Batch& batch) {
     rb(a.xn2, N * C);
     // w1 and w3 are adjacent: one [2F, C] matmul
     linear_forward(a.ab, a.xn2, w.w1, C, 2 * F);
-    o.swiglu_forward(a.m, a.ab, N, F);
-    rb(a.m, N * F);
+    o.swiglu_forward(a.m, a.ab, N, F, dtype_ == DType::bf16);
     linear_forward(tmp_, a.m, w.w2, F, C);
     o.copy(res_out, a.mid, N * C);
     o.add_inplace(res_out, tmp_, N * C);
@@ -278,8 +277,7 @@ void Qwen3::backward() {
     const LayerActs& a = la_[l];
     // feed-forward: dres is the gradient of this layer's output
     linear_backward(dm_, dres_, a.m, w.w2, F, C);
-    o.swiglu_backward(dab_, dm_, a.ab, N, F);
-    rb(dab_, N * 2 * F);
+    o.swiglu_backward(dab_, dm_, a.ab, N, F, dtype_ == DType::bf16);
     linear_backward(dxn_, dab_, a.xn2, w.w1, C, 2 * F);
     o.rmsnorm_backward(dtmp_, grad(w.ffn_norm, C), dxn_, a.mid, a.rstd2, weight(w.ffn_norm, C), N,
                        C);
