@@ -24,6 +24,7 @@ TEST(Presets, ParameterCountsMatchTheSpec) {
   EXPECT_EQ(p.params.size(), 74u);  // 9 per layer + final norm + tied embedding
   EXPECT_EQ(p.lm_head, p.tok_emb);
   EXPECT_EQ(p.layers[0].w3, p.layers[0].w1 + 3072 * 256);  // fused [2F, C] for one matmul
+  EXPECT_EQ(p.layers[0].k_norm, p.layers[0].q_norm + 128);  // one [2, D] view for QK-norm
   EXPECT_THROW(preset("7B"), Error);
 }
 

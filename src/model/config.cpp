@@ -43,6 +43,7 @@ ParamLayout make_layout(const Config& c) {
     ParamLayout::Layer ly;
     ly.wqkv = add(pre + "attention.qkv_linear.wqkv.weight", {c.qkv_rows(), c.C});
     ly.wo = add(pre + "attention.wo.weight", {c.C, c.H * c.D});
+    // q_norm and k_norm adjacent: the model hands them to QK-norm as one [2, D] block
     ly.q_norm = add(pre + "attention.q_norm.weight", {c.D});
     ly.k_norm = add(pre + "attention.k_norm.weight", {c.D});
     // w1 and w3 adjacent: together they are one [2F, C] matrix, one matmul
