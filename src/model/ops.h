@@ -50,8 +50,9 @@ struct Ops {
                        int64_t);
   void (*rope_backward)(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
                         int64_t);
-  // Optional (null: qkv_split, rmsnorm with q_norm / k_norm, rope, the model rounding after
-  // each in bf16 runs, rnd): all of that in one pass over the fused projection qkv [N, QKV]:
+  // Optional (null: the model runs qkv_split, rmsnorm with q_norm / k_norm and rope, rounding
+  // to bf16 after each in bf16 runs): all of that in one pass over the fused projection
+  // qkv [N, QKV], rnd doing those roundings:
   // forward (q, k, v, qrstd, krstd, qkv, qw, kw, cos, sin, B, T, H, KVH, D, eps, rnd);
   // backward (dqkv, dqw, dkw, dq, dk, dv, qkv, qrstd, krstd, qw, kw, cos, sin, B, T, H, KVH, D,
   // rnd) overwrites dqkv and adds into dqw, dkw.
