@@ -4,13 +4,11 @@
 // function shared between them (std::min, containers, core/common.h) could be merged by the
 // linker into the copy built for the widest instructions and then run on CPUs without them.
 //
-// Blocking (BLIS order): for each block of NC columns and KC k-slots, B[block, slots] and then
-// A[MC rows, slots] are packed into panels of NR columns / MR rows (one 32-bit slot = one fp32
-// k, or a bf16 pair of k's, stored panel[s][r]); every MR x NR tile of C is one micro-kernel
-// call. Threads own static bands of C (columns, or rows with their own copy of B), except
-// with rows enough for several blocks each: then they share one packed B and take blocks of
-// rows as they come. Each tile is summed by one thread in slot order, so results do not
-// depend on the thread count or on which thread took it. With few rows (W1's 32 tokens) the
+// Blocking (BLIS order): each thread owns a band of C and, for each block of NC columns and
+// KC k-slots, packs B[block, slots] and then A[MC rows, slots] into panels of NR columns /
+// MR rows (one 32-bit slot = one fp32 k, or a bf16 pair of k's, stored panel[s][r]); every
+// MR x NR tile of C is one micro-kernel call. Each tile is summed by one thread in slot
+// order, so results do not depend on the thread count. With few rows (W1's 32 tokens) the
 // weights stream from DRAM: B panels are packed as they are used while the next one is
 // prefetched into L2 across the current sums, and C tiles are prefetched ahead.
 //
@@ -34,7 +32,6 @@
 #include <omp.h>
 #include <xmmintrin.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -238,8 +235,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   }
   // With alpha or the SGD step, the sum must be whole before the store: when it spans k
   // blocks, each C block is finished over all of them (partial sums in a per-thread fp32
-  // block) before the next (in static bands at the price of packing B again for every block
-  // of rows).
+  // block) before the next, at the price of packing B again for every block of rows.
   // A scaled sum up to SCMAX slots (the fused SGD over 2048 tokens) is one k block: measured
   // faster than finishing C blocks over several; NC shrinks to keep packed B within 4 MiB.
   const bool scaled = alpha != 1.0f || SGD16;
@@ -250,127 +246,17 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   // A long scaled sum packed as one block is still summed by sub-blocks of KCMAX slots (the
   // partial sums in Tp, as for finish), so that B sub-panels stay in L1 across their tiles.
   const bool split = scaled && !finish && S > KCMAX;
+  const int64_t per_thread = (MC + NCB) * KCB + (finish || split ? MC * NCB : 0);
   // Called from inside a parallel loop (attention's blocks): this thread does it all, without
   // the cost of entering a nested region.
   const bool serial = omp_in_parallel() || omp_get_max_threads() == 1;
-  const int nth = serial ? 1 : omp_get_max_threads();
-  const bool by_cols = N / NR >= M / MR;  // bands of columns, else of rows
-  // Rows enough for several blocks a thread: the threads share one packed copy of B (every k
-  // block of NCD columns, at most 16 MiB) and take blocks of rows as they come, smaller toward
-  // the end; static bands left one thread waiting 2-3 % of the products' time on a noisy VM.
-  int64_t NCD = lo(NCB, (int64_t(1) << 22) / S / NR * NR);
-  const bool dyn = !serial && !by_cols && M > nth * MC && NCD >= lo(N, 256);
-  if (!dyn) NCD = NCB;
-  const int64_t ncd = (lo(NCD, N) + NR - 1) / NR * NR;  // packed width of a shared B block
-  const int64_t per_thread =
-      (dyn ? 0 : NCB * KCB) + MC * KCB + (finish || split ? MC * NCD : 0);
-  const int64_t shared = dyn ? ncd * S : 0;
-  uint32_t* ws = workspace(shared + per_thread * nth);
-  std::atomic<int64_t> next_row{0};  // dyn: the first row no thread has taken yet
-
-  // The tiles of rows ic..ic+mc and columns jc..jc+nc over k block pc..pc+kc, B's panels at
-  // Bp (panel jr at Bp + jr * kc). stream: B's panels are packed here, each just before its
-  // tiles, the next one's source already in flight (one block of rows).
-  const auto block = [&](int64_t ic, int64_t mc, int64_t jc, int64_t nc, int64_t pc, int64_t kc,
-                         uint32_t* Bp, uint32_t* Ap, float* Tp, bool stream, const char** lines,
-                         int kLines) {
-    const bool last = pc + kc == S;
-    // Short sums over many rows (the SGD step over 32 tokens): the traffic is C, read and
-    // written once; tiles along its rows keep that to MR streams from DRAM.
-    const bool by_rows = !stream && kc <= 64;
-    // One block of rows (dx = dout W at 32 tokens) and B's fp32 rows contiguous: the kernel
-    // reads B's panels where they lie, no copy (the kernel set permitting).
-    const bool bip =
-        Kern::kInPlaceB && stream && SL == Slot::f32 && B.rs == 1 && !B.bf16 && !scaled;
-    const int64_t mt = (mc + MR - 1) / MR * MR;
-    // A by sub-blocks of `sub` slots, each contiguous: [s0][ir][slot][MR] (one sub-block of kc
-    // slots unless split).
-    const int64_t sub = split ? KCMAX : kc;
-    for (int64_t s0 = 0; s0 < kc; s0 += sub)
-      Kern::template pack_panels<SL>(Ap + s0 * mt, A, M, K, ic, mc, MR, pc + s0, lo(sub, kc - s0));
-    // Sub-block s0 of one tile; pf[0..np) are lines of the next B panel to fetch on the way.
-    // Partial sums go to Tp ([MC, NCD], row stride NCD) until the tile's last slot (finish,
-    // split); the last store starts from them.
-    const auto run_tile = [&](int64_t ir, int64_t jr, int64_t s0, const char* const* pf, int np) {
-      const int64_t sn = lo(sub, kc - s0);
-      const int mr = int(lo(MR, mc - ir)), nr = int(lo(NR, nc - jr));
-      const uint32_t *a = Ap + s0 * mt + ir * sn, *b = Bp + jr * kc + s0 * NR;
-      float* c = tile<SGD16>(C, (ic + ir) * ldc + jc + jr);
-      float* tp = Tp + ir * NCD + jr;
-      const bool earlier = (finish && pc > 0) || s0 > 0;  // partial sums in Tp
-      if constexpr (Kern::kInPlaceB)
-        if (bip)  // (one k block per tile store: not scaled)
-          return Kern::micro_bip(sn, a, static_cast<const float*>(B.p) + pc * B.ks + jc + jr, B.ks,
-                                 c, ldc, mr, nr, accumulate || pc > 0, pf, np, rnd && last);
-      if ((finish && !last) || s0 + sn < kc)
-        Kern::template micro<SL, false>(sn, a, b, tp, NCD, mr, nr, earlier, 1.0f, nullptr, 0, pf,
-                                        np);
-      else if (earlier)
-        Kern::template micro<SL, SGD16>(sn, a, b, c, ldc, mr, nr, accumulate, alpha, tp, NCD, pf,
-                                        np, rnd);
-      else
-        Kern::template micro<SL, SGD16>(sn, a, b, c, ldc, mr, nr, accumulate || pc > 0,
-                                        last ? alpha : 1.0f, nullptr, 0, pf, np, rnd && last);
-    };
-    const auto prefetch_c = [&](int64_t pi, int64_t pj) {
-      for (int r = 0; r < int(lo(MR, mc - pi)); ++r) {
-        const char* cr =
-            reinterpret_cast<const char*>(tile<SGD16>(C, (ic + pi + r) * ldc + jc + pj));
-        _mm_prefetch(cr, _MM_HINT_T0);
-        _mm_prefetch(cr + (SGD16 ? 2 : 4) * NR - 1, _MM_HINT_T0);
-      }
-    };
-    if (split) {    // each tile summed by sub-blocks, in the same order either way
-      if (!stream)  // a B sub-panel stays in L1 across the tiles of a column
-        for (int64_t s0 = 0; s0 < kc; s0 += sub)
-          for (int64_t jr = 0; jr < nc; jr += NR)
-            for (int64_t ir = 0; ir < mc; ir += MR) run_tile(ir, jr, s0, nullptr, 0);
-      else
-        for (int64_t jr = 0; jr < nc; jr += NR) {
-          Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
-          for (int64_t s0 = 0; s0 < kc; s0 += sub)
-            for (int64_t ir = 0; ir < mc; ir += MR) run_tile(ir, jr, s0, nullptr, 0);
-        }
-      return;
-    }
-    if (by_rows) {  // C is the traffic: walk it along its rows (few DRAM streams)
-      for (int64_t ir = 0; ir < mc; ir += MR)
-        for (int64_t jr = 0; jr < nc; jr += NR) {
-          int64_t pi = ir, pj = jr + 4 * NR;  // the tile four ahead
-          if (pj >= nc) pj -= (nc + NR - 1) / NR * NR, pi += MR;
-          if (pi < mc && pj < nc) prefetch_c(pi, pj);
-          run_tile(ir, jr, 0, nullptr, 0);
-        }
-      return;
-    }
-    for (int64_t jr = 0; jr < nc; jr += NR) {
-      int npf = 0;  // next panel's lines, handed out to this panel's tiles
-      if (stream) {
-        if (!bip) Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
-        if (jr + NR < nc)
-          npf = panel_lines<SL>(lines, kLines, B, N, K, jc + jr + NR, NR, pc, kc);
-        else if (!last)  // the next k block's first panel
-          npf = panel_lines<SL>(lines, kLines, B, N, K, jc, NR, pc + kc, lo(KCB, S - pc - kc));
-      }
-      const int per_tile = int((npf + (mc + MR - 1) / MR - 1) / ((mc + MR - 1) / MR));
-      for (int64_t ir = 0; ir < mc; ir += MR) {
-        {  // C of the tile four ahead (short sums leave DRAM latency exposed)
-          int64_t pi = ir + 4 * MR, pj = jr;
-          if (pi >= mt) pi -= mt, pj += NR;
-          if (pj < nc && pi < mc) prefetch_c(pi, pj);
-        }
-        const int t0 = int(ir / MR) * per_tile;
-        run_tile(ir, jr, 0, lines + t0, int(lo(per_tile, lo(kc, npf - t0 > 0 ? npf - t0 : 0))));
-      }
-    }
-  };
-
-  // Static bands: each thread owns a band of C (columns, or rows when there are more rows)
-  // and runs the blocked product on it with its own packing buffers: no barriers, and B or A
-  // is packed straight from memory into the cache that uses it.
+  uint32_t* ws = workspace(per_thread * (serial ? 1 : omp_get_max_threads()));
+  // Each thread owns a band of C (columns, or rows when there are more rows) and runs the
+  // blocked product on it with its own packing buffers: no barriers, and B or A is packed
+  // straight from memory into the cache that uses it.
   const auto band = [&](int t, int nt) {
     int64_t m0 = 0, m1 = M, n0 = 0, n1 = N;
-    if (by_cols) {
+    if (N / NR >= M / MR) {
       const int64_t np = (N + NR - 1) / NR;
       n0 = lo(N, np * t / nt * NR), n1 = lo(N, np * (t + 1) / nt * NR);
     } else {
@@ -379,61 +265,119 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
     }
     uint32_t* Bp = ws + per_thread * t;
     uint32_t* Ap = Bp + NCB * KCB;
-    float* Tp = reinterpret_cast<float*>(Ap + MC * KCB);
+    float* Tp = reinterpret_cast<float*>(Ap + MC * KCB);  // [MC, NCB] partial sums (finish)
     constexpr int kLines = 2048;
     const char* lines[kLines];
-    const bool stream = m1 - m0 <= MC;  // one block of rows
     for (int64_t jc = n0; jc < n1; jc += NCB) {
       const int64_t nc = lo(NCB, n1 - jc);
       for (int64_t icf = m0; icf < (finish ? m1 : m0 + 1); icf += MC)  // finish: rows outside
         for (int64_t pc = 0; pc < S; pc += KCB) {
           const int64_t kc = lo(KCB, S - pc);
-          // Several blocks of rows: pack the B block once for all of them.
+          const bool last = pc + kc == S;
+          // One block of rows: pack each B panel just before its tiles, the next one's
+          // source already in flight. Several: pack the B block once for all of them.
+          const bool stream = m1 - m0 <= MC;
+          // Short sums over many rows (the SGD step over 32 tokens): the traffic is C, read
+          // and written once; tiles along its rows keep that to MR streams from DRAM.
+          const bool by_rows = !stream && kc <= 64;
+          // One block of rows (dx = dout W at 32 tokens) and B's fp32 rows contiguous: the
+          // kernel reads B's panels where they lie, no copy (the kernel set permitting).
+          const bool bip =
+              Kern::kInPlaceB && stream && SL == Slot::f32 && B.rs == 1 && !B.bf16 && !scaled;
           if (!stream) Kern::template pack_panels<SL>(Bp, B, N, K, jc, nc, NR, pc, kc);
-          for (int64_t ic = finish ? icf : m0; ic < (finish ? lo(m1, icf + MC) : m1); ic += MC)
-            block(ic, lo(MC, m1 - ic), jc, nc, pc, kc, Bp, Ap, Tp, stream, lines, kLines);
+          for (int64_t ic = finish ? icf : m0; ic < (finish ? lo(m1, icf + MC) : m1); ic += MC) {
+            const int64_t mc = lo(MC, m1 - ic), mt = (mc + MR - 1) / MR * MR;
+            // A by sub-blocks of `sub` slots, each contiguous: [s0][ir][slot][MR] (one sub-block
+            // of kc slots unless split).
+            const int64_t sub = split ? KCMAX : kc;
+            for (int64_t s0 = 0; s0 < kc; s0 += sub)
+              Kern::template pack_panels<SL>(Ap + s0 * mt, A, M, K, ic, mc, MR, pc + s0,
+                                             lo(sub, kc - s0));
+            // Sub-block s0 of one tile; pf[0..np) are lines of the next B panel to fetch on the
+            // way. Partial sums go to Tp until the tile's last slot (finish, split); the last
+            // store starts from them.
+            const auto run_tile = [&](int64_t ir, int64_t jr, int64_t s0, const char* const* pf,
+                                      int np) {
+              const int64_t sn = lo(sub, kc - s0);
+              const int mr = int(lo(MR, mc - ir)), nr = int(lo(NR, nc - jr));
+              const uint32_t *a = Ap + s0 * mt + ir * sn, *b = Bp + jr * kc + s0 * NR;
+              float* c = tile<SGD16>(C, (ic + ir) * ldc + jc + jr);
+              float* tp = Tp + ir * NCB + jr;
+              const bool earlier = (finish && pc > 0) || s0 > 0;  // partial sums in Tp
+              if constexpr (Kern::kInPlaceB)
+                if (bip)  // (one k block per tile store: not scaled)
+                  return Kern::micro_bip(sn, a,
+                                         static_cast<const float*>(B.p) + pc * B.ks + jc + jr, B.ks,
+                                         c, ldc, mr, nr, accumulate || pc > 0, pf, np, rnd && last);
+              if ((finish && !last) || s0 + sn < kc)
+                Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, earlier, 1.0f, nullptr,
+                                                0, pf, np);
+              else if (earlier)
+                Kern::template micro<SL, SGD16>(sn, a, b, c, ldc, mr, nr, accumulate, alpha, tp,
+                                                NCB, pf, np, rnd);
+              else
+                Kern::template micro<SL, SGD16>(sn, a, b, c, ldc, mr, nr, accumulate || pc > 0,
+                                                last ? alpha : 1.0f, nullptr, 0, pf, np,
+                                                rnd && last);
+            };
+            const auto prefetch_c = [&](int64_t pi, int64_t pj) {
+              for (int r = 0; r < int(lo(MR, mc - pi)); ++r) {
+                const char* cr =
+                    reinterpret_cast<const char*>(tile<SGD16>(C, (ic + pi + r) * ldc + jc + pj));
+                _mm_prefetch(cr, _MM_HINT_T0);
+                _mm_prefetch(cr + (SGD16 ? 2 : 4) * NR - 1, _MM_HINT_T0);
+              }
+            };
+            if (split) {    // each tile summed by sub-blocks, in the same order either way
+              if (!stream)  // a B sub-panel stays in L1 across the tiles of a column
+                for (int64_t s0 = 0; s0 < kc; s0 += sub)
+                  for (int64_t jr = 0; jr < nc; jr += NR)
+                    for (int64_t ir = 0; ir < mc; ir += MR) run_tile(ir, jr, s0, nullptr, 0);
+              else
+                for (int64_t jr = 0; jr < nc; jr += NR) {
+                  Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
+                  for (int64_t s0 = 0; s0 < kc; s0 += sub)
+                    for (int64_t ir = 0; ir < mc; ir += MR) run_tile(ir, jr, s0, nullptr, 0);
+                }
+              continue;
+            }
+            if (by_rows) {  // C is the traffic: walk it along its rows (few DRAM streams)
+              for (int64_t ir = 0; ir < mc; ir += MR)
+                for (int64_t jr = 0; jr < nc; jr += NR) {
+                  int64_t pi = ir, pj = jr + 4 * NR;  // the tile four ahead
+                  if (pj >= nc) pj -= (nc + NR - 1) / NR * NR, pi += MR;
+                  if (pi < mc && pj < nc) prefetch_c(pi, pj);
+                  run_tile(ir, jr, 0, nullptr, 0);
+                }
+              continue;
+            }
+            for (int64_t jr = 0; jr < nc; jr += NR) {
+              int npf = 0;  // next panel's lines, handed out to this panel's tiles
+              if (stream) {
+                if (!bip) Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
+                if (jr + NR < nc)
+                  npf = panel_lines<SL>(lines, kLines, B, N, K, jc + jr + NR, NR, pc, kc);
+                else if (!last)  // the next k block's first panel
+                  npf = panel_lines<SL>(lines, kLines, B, N, K, jc, NR, pc + kc,
+                                        lo(KCB, S - pc - kc));
+              }
+              const int per_tile = int((npf + (mc + MR - 1) / MR - 1) / ((mc + MR - 1) / MR));
+              for (int64_t ir = 0; ir < mc; ir += MR) {
+                {  // C of the tile four ahead (short sums leave DRAM latency exposed)
+                  int64_t pi = ir + 4 * MR, pj = jr;
+                  if (pi >= mt) pi -= mt, pj += NR;
+                  if (pj < nc && pi < mc) prefetch_c(pi, pj);
+                }
+                const int t0 = int(ir / MR) * per_tile;
+                run_tile(ir, jr, 0, lines + t0,
+                         int(lo(per_tile, lo(kc, npf - t0 > 0 ? npf - t0 : 0))));
+              }
+            }
+          }
         }
     }
   };
-
-  // Shared B, rows as they come: per NCD columns, the threads pack B's panels (every k
-  // block) together, then each takes the next rows, ever fewer (an equal share of a
-  // 2 * nt-th of what is left, MR to MC), and sums them over every k block in turn. Which
-  // thread sums a tile does not change its sum: the same bits as the bands.
-  const auto rows_as_they_come = [&](int t, int nt) {
-    uint32_t* Ap = ws + shared + per_thread * t;
-    float* Tp = reinterpret_cast<float*>(Ap + MC * KCB);
-    for (int64_t jc = 0; jc < N; jc += NCD) {
-      const int64_t nc = lo(NCD, N - jc), pn = (nc + NR - 1) / NR;
-      const int64_t p0 = pn * t / nt * NR, p1 = lo(nc, pn * (t + 1) / nt * NR);
-      for (int64_t pc = 0; pc < S; pc += KCB)
-        if (p1 > p0)
-          Kern::template pack_panels<SL>(ws + pc * ncd + p0 * lo(KCB, S - pc), B, N, K, jc + p0,
-                                         p1 - p0, NR, pc, lo(KCB, S - pc));
-      if (t == 0) next_row.store(0, std::memory_order_relaxed);
-#pragma omp barrier
-      for (;;) {
-        int64_t ic = next_row.load(std::memory_order_relaxed), mc;
-        do {
-          if (ic >= M) break;
-          const int64_t share = (M - ic + 2 * nt - 1) / (2 * nt);
-          mc = lo(M - ic, share < MR ? MR : lo(MC, (share + MR - 1) / MR * MR));
-        } while (!next_row.compare_exchange_weak(ic, ic + mc, std::memory_order_relaxed));
-        if (ic >= M) break;
-        for (int64_t pc = 0; pc < S; pc += KCB)
-          block(ic, mc, jc, nc, pc, lo(KCB, S - pc), ws + pc * ncd, Ap, Tp, false, nullptr, 0);
-      }
-      if (jc + NCD < N) {
-#pragma omp barrier
-      }
-    }
-  };
   if (serial) return band(0, 1);
-  if (dyn) {
-#pragma omp parallel
-    rows_as_they_come(omp_get_thread_num(), omp_get_num_threads());
-    return;
-  }
 #pragma omp parallel
   band(omp_get_thread_num(), omp_get_num_threads());
 }
