@@ -80,8 +80,10 @@ struct Case {
 };
 const Case kCases[] = {{1, 1, 1},      {1, 33, 7},     {5, 17, 3},   {12, 32, 64},  {13, 33, 65},
                        {32, 256, 256}, {31, 70, 385},  {100, 50, 2}, {24, 800, 40}, {7, 1600, 33},
-                       {40, 64, 1000}, {257, 97, 129}, {300, 70, 40}};  // short sums over more rows
-                                                                        // than a block: C by rows
+                       {40, 64, 1000}, {257, 97, 129},
+                       {300, 70, 40},     // short sums over more rows than a block: C by rows
+                       {400, 40, 600},    // row bands of several blocks a thread
+                       {450, 100, 300}};  // (two k blocks)
 
 void run_set(const cpu::GemmSet& set, bool bf16) {
   const auto gemm = bf16 ? set.bf16 : set.f32;
@@ -173,6 +175,41 @@ TEST(Gemm, SkinnyProductsMatchTheGeneralPathBitForBit) {
   }
 }
 
+// Row bands of several blocks a thread over more columns than one B block: bit for bit the
+// band of one thread, and the plain sums.
+TEST(Gemm, RowBandsOverSeveralColumnBlocks) {
+  FOR_EACH_SET(set) {
+    uint32_t seed = 11;
+    const int64_t M = 1200, N = 3100, K = 6;
+    for (Layout la : {Layout::kcontig, Layout::rcontig})
+      for (bool bf16 : {false, true}) {
+        const auto gemm = bf16 ? set->bf16 : set->f32;
+        const Operand A = make(M, K, la, false, bf16, seed++);
+        const Operand B = make(N, K, Layout::kcontig, false, bf16, seed++);
+        std::vector<float> C[2];
+        for (int threads : {2, 1}) {
+          omp_set_num_threads(threads);
+          C[threads - 1].assign(size_t(M * N), 0.0f);
+          gemm(M, N, K, A.view, B.view, C[threads - 1].data(), N, false, 1.0f, false);
+        }
+        omp_set_num_threads(cpu::threads());
+        const std::string what = std::string(set->name) + (bf16 ? " bf16" : " f32") + " layout " +
+                                 std::to_string(int(la));
+        ASSERT_EQ(C[0], C[1]) << what << ": differs between 1 and 2 threads";
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) {
+            double want = 0, mag = 0;
+            for (int64_t k = 0; k < K; ++k) {
+              const double p = A.val[size_t(m * K + k)] * B.val[size_t(n * K + k)];
+              want += p, mag += std::fabs(p);
+            }
+            ASSERT_NEAR(C[1][size_t(m * N + n)], want, double(K + 2) * 6e-8 * mag + 1e-30)
+                << what << " at (" << m << ", " << n << ")";
+          }
+      }
+  }
+}
+
 // The rounded store (bf16 runs' layer outputs) is the plain product rounded to bf16, bit for
 // bit: on the skinny path (bf16 weights), over several k blocks (rounded once, at the last),
 // accumulating, and on the empty sum.
@@ -204,8 +241,8 @@ TEST(Gemm, RoundedStoresAreTheRoundedProducts) {
 TEST(Gemm, ScaledAndSgdStoresSumOverEveryKBlock) {
   FOR_EACH_SET(set) {
     uint32_t seed = 100;
-    for (int64_t K : {5, 300, 700, 1500})
-      for (int64_t M : {7, 150}) {
+    for (int64_t K : {5, 300, 700, 1500, 2500})  // 2500: fp32 past one k block of the SGD
+      for (int64_t M : {7, 150, 400}) {          // 400: row bands (two threads)
         const int64_t N = 45;
         const Operand A = make(M, K, Layout::rcontig, false, true, seed++);
         const Operand B = make(N, K, Layout::rcontig, false, true, seed++);
