@@ -271,14 +271,13 @@ void attn_backward(float* dq, float* dk, float* dv, const float* dout, const flo
             key_rows<Kern, SL>(dKs, D, dSt, QT, XA, D, SQ, q0, nq);
             query_rows<Kern, SL>(sh.row(dq, b, h, q0), ldq, dSt, KB, XA, D, ST, q0, nq, BF);
           }
-        // dK and dV are whole: stored (the bf16 kind rounded)
+        // dK and dV are whole: stored (the bf16 kind rounded) past the caches, being read only
+        // after the whole backward (layer backward -1.4 % at W2 fp32, layers alternating)
         for (int64_t j = 0; j < T; ++j) {
-          float *kr = dkg + j * ldk, *vr = dvg + j * ldk;
-          const float *ks = dKs + j * D, *vs = dVs + j * D;
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d)
-            kr[d] = BF ? round_to_bf16(ks[d]) : ks[d], vr[d] = BF ? round_to_bf16(vs[d]) : vs[d];
+          Kern::store_nt(dkg + j * ldk, dKs + j * D, D, BF);
+          Kern::store_nt(dvg + j * ldk, dVs + j * D, D, BF);
         }
+        _mm_sfence();
       }
   }
 }

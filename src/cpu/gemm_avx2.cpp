@@ -339,6 +339,17 @@ struct Kern {
       cpu::micro<false, ASrc::f32_rows>(S, a, B, C, ldc, mr, nr, acc, 1.0f, nullptr, 0, pf, npf,
                                         lda);
   }
+  // dst[0..n) = src (rnd: rounded to bf16), the lines past the caches (as on AVX-512)
+  static void store_nt(float* dst, const float* src, int64_t n, bool rnd) {
+    int64_t i = 0;
+    for (; i < n && reinterpret_cast<uintptr_t>(dst + i) % 32; ++i)
+      dst[i] = rnd ? round_to_bf16(src[i]) : src[i];
+    for (; i + 8 <= n; i += 8) {
+      const __m256 x = _mm256_loadu_ps(src + i);
+      _mm256_stream_ps(dst + i, rnd ? round_bf16(x) : x);
+    }
+    for (; i < n; ++i) dst[i] = rnd ? round_to_bf16(src[i]) : src[i];
+  }
   // attention (cpu/attention_driver.h): its probabilities and score gradients read in place,
   // by rows (micro_inplace) or by slots lda apart
   static void micro_cols(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,

@@ -340,6 +340,19 @@ struct Kern {
                                                  mr, nr, acc, 1.0f, nullptr, 0, pf, npf, 0, rnd,
                                                  ldb);
   }
+  // dst[0..n) = src (rnd: rounded to bf16), the 64-byte lines past the caches: results written
+  // once, a few lines each far apart, and read only by a later kernel (attention's dK, dV),
+  // that would otherwise each be read in from DRAM first. The caller fences (_mm_sfence).
+  static void store_nt(float* dst, const float* src, int64_t n, bool rnd) {
+    int64_t i = 0;
+    for (; i < n && reinterpret_cast<uintptr_t>(dst + i) % 64; ++i)
+      dst[i] = rnd ? round_to_bf16(src[i]) : src[i];
+    for (; i + 16 <= n; i += 16) {
+      const __m512 x = _mm512_loadu_ps(src + i);
+      _mm512_stream_ps(dst + i, rnd ? round_bf16(x) : x);
+    }
+    for (; i < n; ++i) dst[i] = rnd ? round_to_bf16(src[i]) : src[i];
+  }
   // attention (cpu/attention_driver.h), fp32: its probabilities and score gradients read in
   // place, by rows (micro_inplace) or by slots lda apart
   static void micro_cols(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,
