@@ -78,10 +78,10 @@ std::vector<const cpu::GemmSet*> usable_sets() {
 struct Case {
   int64_t M, N, K;
 };
-const Case kCases[] = {{1, 1, 1},      {1, 33, 7},     {5, 17, 3},   {12, 32, 64},  {13, 33, 65},
-                       {32, 256, 256}, {31, 70, 385},  {100, 50, 2}, {24, 800, 40}, {7, 1600, 33},
-                       {40, 64, 1000}, {257, 97, 129},
-                       {300, 70, 40},     // short sums over more rows than a block: C by rows
+const Case kCases[] = {{1, 1, 1},      {1, 33, 7},     {5, 17, 3},    {12, 32, 64},  {13, 33, 65},
+                       {32, 256, 256}, {31, 70, 385},  {100, 50, 2},  {24, 800, 40}, {7, 1600, 33},
+                       {40, 64, 1000}, {257, 97, 129}, {300, 70, 40},  // short sums over more rows
+                                                                       // than a block: C by rows
                        {400, 40, 600},    // row bands of several blocks a thread
                        {450, 100, 300}};  // (two k blocks)
 
@@ -205,6 +205,52 @@ TEST(Gemm, RowBandsOverSeveralColumnBlocks) {
             }
             ASSERT_NEAR(C[1][size_t(m * N + n)], want, double(K + 2) * 6e-8 * mag + 1e-30)
                 << what << " at (" << m << ", " << n << ")";
+          }
+      }
+  }
+}
+
+// A thread done with its band takes rows of another band's last block (with that band's
+// packed B): more threads than cores (descheduled threads finish late, so others take their
+// rows) must give the bits of one thread, on every kind of block. Split by rows (one block;
+// several k blocks), by columns, the scaled sums over sub-blocks, accumulate, rounded, and
+// the bf16 SGD step.
+TEST(Gemm, RowsTakenFromSlowerBandsGiveTheSameBits) {
+  FOR_EACH_SET(set) {
+    uint32_t seed = 500;
+    const Case cases[] = {{1000, 300, 200}, {1000, 100, 700}, {300, 2000, 100}, {1000, 64, 1500}};
+    for (const Case& c : cases)
+      for (int kind = 0; kind < 6; ++kind) {
+        const bool bf16 = kind & 1, scaled = kind >= 4, acc = kind & 2 || scaled;
+        const auto gemm = bf16 ? set->bf16 : set->f32;
+        const Operand A = make(c.M, c.K, Layout::kcontig, false, bf16, seed++);
+        const Operand B = make(c.N, c.K, Layout::rcontig, false, bf16, seed++);
+        const std::vector<double> c0 = test::randn(size_t(c.M * c.N), seed++);
+        std::vector<uint16_t> w0(c0.size());
+        for (size_t i = 0; i < c0.size(); ++i) w0[i] = f32_to_bf16(float(c0[i]));
+        std::vector<float> one;
+        std::vector<uint16_t> one16;
+        for (int threads : {1, 3, 5})
+          for (int rep = 0; rep < (threads == 1 ? 1 : 4); ++rep) {
+            omp_set_num_threads(threads);
+            std::vector<float> C(c0.begin(), c0.end());
+            std::vector<uint16_t> W = w0;
+            if (scaled && bf16)
+              set->bf16_sgd(c.M, c.N, c.K, A.view, B.view, W.data(), c.N, 0.01f);
+            else
+              gemm(c.M, c.N, c.K, A.view, B.view, C.data(), c.N, acc, scaled ? -0.01f : 1.0f,
+                   kind == 3);
+            omp_set_num_threads(cpu::threads());
+            if (threads == 1) {
+              one = C, one16 = W;
+              continue;
+            }
+            const std::string what = std::string(set->name) + ": M=" + std::to_string(c.M) +
+                                     " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                                     " kind " + std::to_string(kind) + ", " +
+                                     std::to_string(threads) + " threads";
+            ASSERT_EQ(C, one) << what;
+            ASSERT_EQ(W, one16) << what;
           }
       }
   }

@@ -32,9 +32,11 @@
 #include <omp.h>
 #include <xmmintrin.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "cpu/gemm.h"
 
@@ -208,6 +210,44 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int6
   band(omp_get_thread_num(), omp_get_num_threads());
 }
 
+// A band's last block as a queue of row panels [next, end): its owner takes blocks from the
+// front, other threads halves of what is left from the back, both by one compare-and-swap.
+// Before open() the owner is still on earlier blocks (others wait for it); after close()
+// nothing is left to take.
+struct alignas(64) StealQueue {
+  std::atomic<uint64_t> range{0};  // end << 32 | next, in panels of the owner's band
+  std::atomic<int> state{0};       // 0 not yet open, 1 open, 2 closed
+  void open(int64_t panels) {
+    range.store(uint64_t(panels) << 32, std::memory_order_relaxed);
+    state.store(1, std::memory_order_release);
+  }
+  void close() { state.store(2, std::memory_order_release); }
+  bool waiting() const { return state.load(std::memory_order_acquire) == 0; }
+  bool take_front(int64_t most, int64_t& p0, int64_t& n) {
+    uint64_t r = range.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t next = int64_t(r & 0xffffffffu), end = int64_t(r >> 32);
+      if (next >= end) return false;
+      n = lo(most, end - next), p0 = next;
+      if (range.compare_exchange_weak(r, uint64_t(end) << 32 | uint64_t(next + n),
+                                      std::memory_order_relaxed))
+        return true;
+    }
+  }
+  bool take_back(int64_t most, int64_t& p0, int64_t& n) {
+    if (state.load(std::memory_order_acquire) != 1) return false;  // owner's B not packed yet
+    uint64_t r = range.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t next = int64_t(r & 0xffffffffu), end = int64_t(r >> 32);
+      if (next >= end) return false;
+      n = lo(most, (end - next + 1) / 2), p0 = end - n;
+      if (range.compare_exchange_weak(r, uint64_t(p0) << 32 | uint64_t(next),
+                                      std::memory_order_relaxed))
+        return true;
+    }
+  }
+};
+
 // micro<SL, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf): the sum over S
 // slots starts from zero, or from `init` (fp32 partial sums, row stride ldi) when given; it
 // is stored as C = sum (alpha != 1: sum * alpha), with acc C += sum (alpha != 1:
@@ -254,8 +294,9 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   // Each thread owns a band of C (columns, or rows when there are more rows) and runs the
   // blocked product on it with its own packing buffers: no barriers, and B or A is packed
   // straight from memory into the cache that uses it.
-  const auto band = [&](int t, int nt) {
-    int64_t m0 = 0, m1 = M, n0 = 0, n1 = N;
+  const int nthreads = serial ? 1 : omp_get_max_threads();
+  const auto band_of = [&](int t, int nt, int64_t& m0, int64_t& m1, int64_t& n0, int64_t& n1) {
+    m0 = 0, m1 = M, n0 = 0, n1 = N;
     if (N / NR >= M / MR) {
       const int64_t np = (N + NR - 1) / NR;
       n0 = lo(N, np * t / nt * NR), n1 = lo(N, np * (t + 1) / nt * NR);
@@ -263,118 +304,163 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       const int64_t mp = (M + MR - 1) / MR;
       m0 = lo(M, mp * t / nt * MR), m1 = lo(M, mp * (t + 1) / nt * MR);
     }
+  };
+  // The last block of each band (its last columns and k slots) is a queue of MR-row panels
+  // that other threads take from the back once their own bands are done: equal bands still
+  // finish apart (interrupts, a busy host), by ~5 % of a product's time at W2 on this VM.
+  // Each tile is still summed whole by one thread from the owner's packed B, in the same
+  // order: the same bits for any thread count.
+  std::vector<StealQueue> queues(size_t(serial ? 0 : nthreads));
+  const auto band = [&](int t, int nt) {
+    int64_t m0, m1, n0, n1;
+    band_of(t, nt, m0, m1, n0, n1);
     uint32_t* Bp = ws + per_thread * t;
     uint32_t* Ap = Bp + NCB * KCB;
     float* Tp = reinterpret_cast<float*>(Ap + MC * KCB);  // [MC, NCB] partial sums (finish)
     constexpr int kLines = 2048;
     const char* lines[kLines];
+    // Rows ic..ic+mc of the block of columns jc..jc+nc and slots pc..pc+kc, B's panels packed
+    // in Bb (by this thread or, for rows taken from another's queue, by their owner) unless
+    // stream. Every tile of the rows is summed and stored.
+    const auto rows = [&](int64_t ic, int64_t mc, const uint32_t* Bb, int64_t jc, int64_t nc,
+                          int64_t pc, int64_t kc, bool stream) {
+      const bool last = pc + kc == S;
+      const int64_t mt = (mc + MR - 1) / MR * MR;
+      // Short sums over many rows (the SGD step over 32 tokens): the traffic is C, read
+      // and written once; tiles along its rows keep that to MR streams from DRAM.
+      const bool by_rows = !stream && kc <= 64;
+      // One block of rows (dx = dout W at 32 tokens) and B's fp32 rows contiguous: the
+      // kernel reads B's panels where they lie, no copy (the kernel set permitting).
+      const bool bip =
+          Kern::kInPlaceB && stream && SL == Slot::f32 && B.rs == 1 && !B.bf16 && !scaled;
+      uint32_t* Bw = Bp;  // stream: this thread packs each panel just before its tiles
+      // A by sub-blocks of `sub` slots, each contiguous: [s0][ir][slot][MR] (one sub-block
+      // of kc slots unless split).
+      const int64_t sub = split ? KCMAX : kc;
+      for (int64_t s0 = 0; s0 < kc; s0 += sub)
+        Kern::template pack_panels<SL>(Ap + s0 * mt, A, M, K, ic, mc, MR, pc + s0,
+                                       lo(sub, kc - s0));
+      // Sub-block s0 of one tile; pf[0..np) are lines of the next B panel to fetch on the
+      // way. Partial sums go to Tp until the tile's last slot (finish, split); the last
+      // store starts from them.
+      const auto run_tile = [&](int64_t ir, int64_t jr, int64_t s0, const char* const* pf, int np) {
+        const int64_t sn = lo(sub, kc - s0);
+        const int mr = int(lo(MR, mc - ir)), nr = int(lo(NR, nc - jr));
+        const uint32_t *a = Ap + s0 * mt + ir * sn, *b = Bb + jr * kc + s0 * NR;
+        float* c = tile<SGD16>(C, (ic + ir) * ldc + jc + jr);
+        float* tp = Tp + ir * NCB + jr;
+        const bool earlier = (finish && pc > 0) || s0 > 0;  // partial sums in Tp
+        if constexpr (Kern::kInPlaceB)
+          if (bip)  // (one k block per tile store: not scaled)
+            return Kern::micro_bip(sn, a, static_cast<const float*>(B.p) + pc * B.ks + jc + jr,
+                                   B.ks, c, ldc, mr, nr, accumulate || pc > 0, pf, np, rnd && last);
+        if ((finish && !last) || s0 + sn < kc)
+          Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, earlier, 1.0f, nullptr, 0, pf,
+                                          np);
+        else if (earlier)
+          Kern::template micro<SL, SGD16>(sn, a, b, c, ldc, mr, nr, accumulate, alpha, tp, NCB, pf,
+                                          np, rnd);
+        else
+          Kern::template micro<SL, SGD16>(sn, a, b, c, ldc, mr, nr, accumulate || pc > 0,
+                                          last ? alpha : 1.0f, nullptr, 0, pf, np, rnd && last);
+      };
+      const auto prefetch_c = [&](int64_t pi, int64_t pj) {
+        for (int r = 0; r < int(lo(MR, mc - pi)); ++r) {
+          const char* cr =
+              reinterpret_cast<const char*>(tile<SGD16>(C, (ic + pi + r) * ldc + jc + pj));
+          _mm_prefetch(cr, _MM_HINT_T0);
+          _mm_prefetch(cr + (SGD16 ? 2 : 4) * NR - 1, _MM_HINT_T0);
+        }
+      };
+      if (split) {    // each tile summed by sub-blocks, in the same order either way
+        if (!stream)  // a B sub-panel stays in L1 across the tiles of a column
+          for (int64_t s0 = 0; s0 < kc; s0 += sub)
+            for (int64_t jr = 0; jr < nc; jr += NR)
+              for (int64_t ir = 0; ir < mc; ir += MR) run_tile(ir, jr, s0, nullptr, 0);
+        else
+          for (int64_t jr = 0; jr < nc; jr += NR) {
+            Kern::template pack<SL>(Bw + jr * kc, B, N, K, jc + jr, NR, pc, kc);
+            for (int64_t s0 = 0; s0 < kc; s0 += sub)
+              for (int64_t ir = 0; ir < mc; ir += MR) run_tile(ir, jr, s0, nullptr, 0);
+          }
+        return;
+      }
+      if (by_rows) {  // C is the traffic: walk it along its rows (few DRAM streams)
+        for (int64_t ir = 0; ir < mc; ir += MR)
+          for (int64_t jr = 0; jr < nc; jr += NR) {
+            int64_t pi = ir, pj = jr + 4 * NR;  // the tile four ahead
+            if (pj >= nc) pj -= (nc + NR - 1) / NR * NR, pi += MR;
+            if (pi < mc && pj < nc) prefetch_c(pi, pj);
+            run_tile(ir, jr, 0, nullptr, 0);
+          }
+        return;
+      }
+      for (int64_t jr = 0; jr < nc; jr += NR) {
+        int npf = 0;  // next panel's lines, handed out to this panel's tiles
+        if (stream) {
+          if (!bip) Kern::template pack<SL>(Bw + jr * kc, B, N, K, jc + jr, NR, pc, kc);
+          if (jr + NR < nc)
+            npf = panel_lines<SL>(lines, kLines, B, N, K, jc + jr + NR, NR, pc, kc);
+          else if (!last)  // the next k block's first panel
+            npf = panel_lines<SL>(lines, kLines, B, N, K, jc, NR, pc + kc, lo(KCB, S - pc - kc));
+        }
+        const int per_tile = int((npf + (mc + MR - 1) / MR - 1) / ((mc + MR - 1) / MR));
+        for (int64_t ir = 0; ir < mc; ir += MR) {
+          {  // C of the tile four ahead (short sums leave DRAM latency exposed)
+            int64_t pi = ir + 4 * MR, pj = jr;
+            if (pi >= mt) pi -= mt, pj += NR;
+            if (pj < nc && pi < mc) prefetch_c(pi, pj);
+          }
+          const int t0 = int(ir / MR) * per_tile;
+          run_tile(ir, jr, 0, lines + t0, int(lo(per_tile, lo(kc, npf - t0 > 0 ? npf - t0 : 0))));
+        }
+      }
+    };
+    const bool stream = m1 - m0 <= MC;  // one block of rows: B packed panel by panel
+    const int64_t jc_last = n0 + (n1 - n0 - 1) / NCB * NCB, pc_last = (S - 1) / KCB * KCB;
+    const bool queue = !queues.empty() && !stream && !finish && n1 > n0;
     for (int64_t jc = n0; jc < n1; jc += NCB) {
       const int64_t nc = lo(NCB, n1 - jc);
       for (int64_t icf = m0; icf < (finish ? m1 : m0 + 1); icf += MC)  // finish: rows outside
         for (int64_t pc = 0; pc < S; pc += KCB) {
           const int64_t kc = lo(KCB, S - pc);
-          const bool last = pc + kc == S;
-          // One block of rows: pack each B panel just before its tiles, the next one's
-          // source already in flight. Several: pack the B block once for all of them.
-          const bool stream = m1 - m0 <= MC;
-          // Short sums over many rows (the SGD step over 32 tokens): the traffic is C, read
-          // and written once; tiles along its rows keep that to MR streams from DRAM.
-          const bool by_rows = !stream && kc <= 64;
-          // One block of rows (dx = dout W at 32 tokens) and B's fp32 rows contiguous: the
-          // kernel reads B's panels where they lie, no copy (the kernel set permitting).
-          const bool bip =
-              Kern::kInPlaceB && stream && SL == Slot::f32 && B.rs == 1 && !B.bf16 && !scaled;
+          // Several blocks of rows: pack the B block once for all of them.
           if (!stream) Kern::template pack_panels<SL>(Bp, B, N, K, jc, nc, NR, pc, kc);
-          for (int64_t ic = finish ? icf : m0; ic < (finish ? lo(m1, icf + MC) : m1); ic += MC) {
-            const int64_t mc = lo(MC, m1 - ic), mt = (mc + MR - 1) / MR * MR;
-            // A by sub-blocks of `sub` slots, each contiguous: [s0][ir][slot][MR] (one sub-block
-            // of kc slots unless split).
-            const int64_t sub = split ? KCMAX : kc;
-            for (int64_t s0 = 0; s0 < kc; s0 += sub)
-              Kern::template pack_panels<SL>(Ap + s0 * mt, A, M, K, ic, mc, MR, pc + s0,
-                                             lo(sub, kc - s0));
-            // Sub-block s0 of one tile; pf[0..np) are lines of the next B panel to fetch on the
-            // way. Partial sums go to Tp until the tile's last slot (finish, split); the last
-            // store starts from them.
-            const auto run_tile = [&](int64_t ir, int64_t jr, int64_t s0, const char* const* pf,
-                                      int np) {
-              const int64_t sn = lo(sub, kc - s0);
-              const int mr = int(lo(MR, mc - ir)), nr = int(lo(NR, nc - jr));
-              const uint32_t *a = Ap + s0 * mt + ir * sn, *b = Bp + jr * kc + s0 * NR;
-              float* c = tile<SGD16>(C, (ic + ir) * ldc + jc + jr);
-              float* tp = Tp + ir * NCB + jr;
-              const bool earlier = (finish && pc > 0) || s0 > 0;  // partial sums in Tp
-              if constexpr (Kern::kInPlaceB)
-                if (bip)  // (one k block per tile store: not scaled)
-                  return Kern::micro_bip(sn, a,
-                                         static_cast<const float*>(B.p) + pc * B.ks + jc + jr, B.ks,
-                                         c, ldc, mr, nr, accumulate || pc > 0, pf, np, rnd && last);
-              if ((finish && !last) || s0 + sn < kc)
-                Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, earlier, 1.0f, nullptr,
-                                                0, pf, np);
-              else if (earlier)
-                Kern::template micro<SL, SGD16>(sn, a, b, c, ldc, mr, nr, accumulate, alpha, tp,
-                                                NCB, pf, np, rnd);
-              else
-                Kern::template micro<SL, SGD16>(sn, a, b, c, ldc, mr, nr, accumulate || pc > 0,
-                                                last ? alpha : 1.0f, nullptr, 0, pf, np,
-                                                rnd && last);
-            };
-            const auto prefetch_c = [&](int64_t pi, int64_t pj) {
-              for (int r = 0; r < int(lo(MR, mc - pi)); ++r) {
-                const char* cr =
-                    reinterpret_cast<const char*>(tile<SGD16>(C, (ic + pi + r) * ldc + jc + pj));
-                _mm_prefetch(cr, _MM_HINT_T0);
-                _mm_prefetch(cr + (SGD16 ? 2 : 4) * NR - 1, _MM_HINT_T0);
-              }
-            };
-            if (split) {    // each tile summed by sub-blocks, in the same order either way
-              if (!stream)  // a B sub-panel stays in L1 across the tiles of a column
-                for (int64_t s0 = 0; s0 < kc; s0 += sub)
-                  for (int64_t jr = 0; jr < nc; jr += NR)
-                    for (int64_t ir = 0; ir < mc; ir += MR) run_tile(ir, jr, s0, nullptr, 0);
-              else
-                for (int64_t jr = 0; jr < nc; jr += NR) {
-                  Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
-                  for (int64_t s0 = 0; s0 < kc; s0 += sub)
-                    for (int64_t ir = 0; ir < mc; ir += MR) run_tile(ir, jr, s0, nullptr, 0);
-                }
-              continue;
-            }
-            if (by_rows) {  // C is the traffic: walk it along its rows (few DRAM streams)
-              for (int64_t ir = 0; ir < mc; ir += MR)
-                for (int64_t jr = 0; jr < nc; jr += NR) {
-                  int64_t pi = ir, pj = jr + 4 * NR;  // the tile four ahead
-                  if (pj >= nc) pj -= (nc + NR - 1) / NR * NR, pi += MR;
-                  if (pi < mc && pj < nc) prefetch_c(pi, pj);
-                  run_tile(ir, jr, 0, nullptr, 0);
-                }
-              continue;
-            }
-            for (int64_t jr = 0; jr < nc; jr += NR) {
-              int npf = 0;  // next panel's lines, handed out to this panel's tiles
-              if (stream) {
-                if (!bip) Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
-                if (jr + NR < nc)
-                  npf = panel_lines<SL>(lines, kLines, B, N, K, jc + jr + NR, NR, pc, kc);
-                else if (!last)  // the next k block's first panel
-                  npf = panel_lines<SL>(lines, kLines, B, N, K, jc, NR, pc + kc,
-                                        lo(KCB, S - pc - kc));
-              }
-              const int per_tile = int((npf + (mc + MR - 1) / MR - 1) / ((mc + MR - 1) / MR));
-              for (int64_t ir = 0; ir < mc; ir += MR) {
-                {  // C of the tile four ahead (short sums leave DRAM latency exposed)
-                  int64_t pi = ir + 4 * MR, pj = jr;
-                  if (pi >= mt) pi -= mt, pj += NR;
-                  if (pj < nc && pi < mc) prefetch_c(pi, pj);
-                }
-                const int t0 = int(ir / MR) * per_tile;
-                run_tile(ir, jr, 0, lines + t0,
-                         int(lo(per_tile, lo(kc, npf - t0 > 0 ? npf - t0 : 0))));
-              }
-            }
+          if (queue && jc == jc_last && pc == pc_last) {
+            StealQueue& q = queues[size_t(t)];
+            q.open((m1 - m0 + MR - 1) / MR);
+            for (int64_t p0, np; q.take_front(MC / MR, p0, np);)
+              rows(m0 + p0 * MR, lo(np * MR, m1 - m0 - p0 * MR), Bp, jc, nc, pc, kc, false);
+            continue;
           }
+          for (int64_t ic = finish ? icf : m0; ic < (finish ? lo(m1, icf + MC) : m1); ic += MC)
+            rows(ic, lo(MC, m1 - ic), Bp, jc, nc, pc, kc, stream);
         }
+    }
+    if (queues.empty()) return;
+    queues[size_t(t)].close();
+    // Then the others' queues, from the back: their rows of their last block, with their B.
+    for (bool pending = true; pending;) {
+      pending = false;
+      for (int d = 1; d < nt; ++d) {
+        const int v = (t + d) % nt;
+        StealQueue& q = queues[size_t(v)];
+        int64_t p0, np;
+        if (q.take_back(MC / MR, p0, np)) {
+          int64_t vm0, vm1, vn0, vn1;
+          band_of(v, nt, vm0, vm1, vn0, vn1);
+          const int64_t jc = vn0 + (vn1 - vn0 - 1) / NCB * NCB;
+          // (split by rows, the owner's last B block is this thread's own, if it packed one:
+          // read it from here)
+          const uint32_t* Bv = queue && vn0 == n0 && vn1 == n1 ? Bp : ws + per_thread * v;
+          rows(vm0 + p0 * MR, lo(np * MR, vm1 - vm0 - p0 * MR), Bv, jc, lo(NCB, vn1 - jc), pc_last,
+               lo(KCB, S - pc_last), false);
+          pending = true;
+        } else if (q.waiting()) {
+          pending = true;
+          _mm_pause();
+        }
+      }
     }
   };
   if (serial) return band(0, 1);
