@@ -313,6 +313,8 @@ struct Kern {
   // (B in place for dx at few rows, as on AVX-512, measured 7 % slower here: a 32-row block
   // is six tiles of six, each reading the panel's strided lines again.)
   static constexpr bool kInPlaceA = true, kInPlaceB = false;
+  // (6-row tiles reading the SGD product's A in place measured 10-20 % slower than packing it)
+  static constexpr bool kScaledColsA = false;
   static bool in_place(bool bf16_kind, const View& A, int64_t) { return !bf16_kind || A.bf16; }
   static void store_t(float* C, int64_t ldc, const float* T, int mr, int nr, bool rnd) {
     for (int h = 0; h < nr; h += 8) {
@@ -353,9 +355,11 @@ struct Kern {
   // attention (cpu/attention_driver.h): its probabilities and score gradients read in place,
   // by rows (micro_inplace) or by slots lda apart
   static void micro_cols(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,
-                         int64_t ldc, int mr, int nr, bool acc, bool rnd = false) {
+                         int64_t ldc, int mr, int nr, bool acc, bool rnd = false,
+                         float alpha = 1.0f, const float* init = nullptr, int64_t ldi = 0,
+                         const char* const* pf = nullptr, int npf = 0) {
     cpu::micro<false, ASrc::f32_cols>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr, nr,
-                                      acc, 1.0f, nullptr, 0, nullptr, 0, lda, rnd);
+                                      acc, alpha, init, ldi, pf, npf, lda, rnd);
   }
 };
 

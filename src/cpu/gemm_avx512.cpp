@@ -300,6 +300,8 @@ struct Kern {
   // Cᵀ[nr, mr] <- T (rnd: each rounded to bf16). Pairs in place need an even K (a pair must not
   // run past its row).
   static constexpr bool kInPlaceA = true;
+  // the scaled sums read a rows-contiguous fp32 A in place (micro_cols): W2's SGD product -5 %
+  static constexpr bool kScaledColsA = true;
   static bool in_place(bool bf16_kind, const View& A, int64_t K) {
     return bf16_kind
                ? A.bf16 && K % 2 == 0 && A.rs % 2 == 0 && reinterpret_cast<uintptr_t>(A.p) % 4 == 0
@@ -356,9 +358,11 @@ struct Kern {
   // attention (cpu/attention_driver.h), fp32: its probabilities and score gradients read in
   // place, by rows (micro_inplace) or by slots lda apart
   static void micro_cols(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,
-                         int64_t ldc, int mr, int nr, bool acc, bool rnd = false) {
+                         int64_t ldc, int mr, int nr, bool acc, bool rnd = false,
+                         float alpha = 1.0f, const float* init = nullptr, int64_t ldi = 0,
+                         const char* const* pf = nullptr, int npf = 0) {
     cpu::micro<false, false, ASrc::cols>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr, nr,
-                                         acc, 1.0f, nullptr, 0, nullptr, 0, lda, rnd);
+                                         acc, alpha, init, ldi, pf, npf, lda, rnd);
   }
 };
 

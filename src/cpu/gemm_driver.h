@@ -21,11 +21,15 @@
 //                                             dst [n / R][S][R] (as pack, panel by panel)
 //   micro<SL, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf, rnd)
 //                          C[mr, nr] (+)= Ap[S][MR] x Bp[S][NR] (below).
-//   kInPlaceA              true if it also has, with A read in place (gemm_skinny, attention):
+//   kInPlaceA              true if it also has, with A read in place (gemm_skinny, attention,
+//                          the fp32 scaled sums of rows-contiguous A):
 //     in_place(bf16_kind, A, K)   whether micro_inplace can read these rows
 //     micro_inplace(S, A, bf16, lda, B, C, ldc, mr, nr, acc, pf, npf),
 //     store_t(C, ldc, T, mr, nr, rnd),
-//     micro_cols(S, A, lda, B, C, ldc, mr, nr, acc, rnd)   (each documented with its kernel set)
+//     micro_cols(S, A, lda, B, C, ldc, mr, nr, acc, rnd[, alpha, init, ldi, pf, npf])
+//                          (each documented with its kernel set)
+//   kScaledColsA           whether scaled sums (alpha, SGD) read a rows-contiguous fp32 A in
+//                          place with micro_cols instead of packing it (needs kInPlaceA)
 //   kInPlaceB              true if it also has, with B's fp32 rows read in place:
 //     micro_bip(S, A, B, ldb, C, ldc, mr, nr, acc, pf, npf, rnd)
 #pragma once
@@ -337,7 +341,12 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       // A by sub-blocks of `sub` slots, each contiguous: [s0][ir][slot][MR] (one sub-block
       // of kc slots unless split).
       const int64_t sub = split ? KCMAX : kc;
-      for (int64_t s0 = 0; s0 < kc; s0 += sub)
+      // The scaled sums' fp32 A with its rows contiguous (doutᵀ of the SGD product): read in
+      // place, MR rows of a slot side by side, instead of copied from DRAM before its tiles
+      // (the copy waited on its loads: 15 % of the product's time on this VM).
+      const bool acols =
+          Kern::kScaledColsA && SL == Slot::f32 && split && !stream && A.rs == 1 && !A.bf16;
+      for (int64_t s0 = 0; s0 < kc && !acols; s0 += sub)
         Kern::template pack_panels<SL>(Ap + s0 * mt, A, M, K, ic, mc, MR, pc + s0,
                                        lo(sub, kc - s0));
       // Sub-block s0 of one tile; pf[0..np) are lines of the next B panel to fetch on the
@@ -350,6 +359,24 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
         float* c = tile<SGD16>(C, (ic + ir) * ldc + jc + jr);
         float* tp = Tp + ir * NCB + jr;
         const bool earlier = (finish && pc > 0) || s0 > 0;  // partial sums in Tp
+        if constexpr (Kern::kScaledColsA)
+          if (acols && mr == MR) {
+            const float* ap = static_cast<const float*>(A.p) + (pc + s0) * A.ks + ic + ir;
+            if ((finish && !last) || s0 + sn < kc)
+              Kern::micro_cols(sn, ap, A.ks, b, tp, NCB, mr, nr, earlier, false, 1.0f, nullptr, 0,
+                               pf, np);
+            else if (earlier)
+              Kern::micro_cols(sn, ap, A.ks, b, c, ldc, mr, nr, accumulate, rnd, alpha, tp, NCB, pf,
+                               np);
+            else
+              Kern::micro_cols(sn, ap, A.ks, b, c, ldc, mr, nr, accumulate || pc > 0, rnd && last,
+                               last ? alpha : 1.0f, nullptr, 0, pf, np);
+            return;
+          }
+        if (acols) {  // the last rows: packed here (in place, their slots would run past A)
+          a = Ap;
+          Kern::template pack<SL>(Ap, A, M, K, ic + ir, MR, pc + s0, sn);
+        }
         if constexpr (Kern::kInPlaceB)
           if (bip)  // (one k block per tile store: not scaled)
             return Kern::micro_bip(sn, a, static_cast<const float*>(B.p) + pc * B.ks + jc + jr,
