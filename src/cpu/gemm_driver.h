@@ -399,8 +399,16 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           _mm_prefetch(cr + (SGD16 ? 2 : 4) * NR - 1, _MM_HINT_T0);
         }
       };
-      if (split) {    // each tile summed by sub-blocks, in the same order either way
-        if (!stream)  // a B sub-panel stays in L1 across the tiles of a column
+      if (split) {  // each tile summed by sub-blocks, in the same order either way
+        // A B sub-panel stays in L1 across the tiles of a column. With A packed (in L2), B
+        // panels outer: the partial sums of one panel's tiles, not of the whole block, are
+        // live (bf16 and AVX2 backward -1 % by the layer A/B); with A read in place, sub-blocks
+        // outer, so that each of its strips comes from memory once (+1-2 % the other way).
+        if (!stream && !acols)
+          for (int64_t jr = 0; jr < nc; jr += NR)
+            for (int64_t s0 = 0; s0 < kc; s0 += sub)
+              for (int64_t ir = 0; ir < mc; ir += MR) run_tile(ir, jr, s0, nullptr, 0);
+        else if (!stream)
           for (int64_t s0 = 0; s0 < kc; s0 += sub)
             for (int64_t jr = 0; jr < nc; jr += NR)
               for (int64_t ir = 0; ir < mc; ir += MR) run_tile(ir, jr, s0, nullptr, 0);
