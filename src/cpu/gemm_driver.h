@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "cpu/gemm.h"
@@ -474,9 +475,13 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
     }
     if (queues.empty()) return;
     queues[size_t(t)].close();
+    int spins = 0;
     // Then the others' queues, from the back: their rows of their last block, with their B.
+    // (More threads than cores: an owner not yet at its last block may be waiting for this
+    // core, so after a short spin the wait yields it.)
     for (bool pending = true; pending;) {
       pending = false;
+      bool idle = true;
       for (int d = 1; d < nt; ++d) {
         const int v = (t + d) % nt;
         StealQueue& q = queues[size_t(v)];
@@ -490,12 +495,13 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           const uint32_t* Bv = queue && vn0 == n0 && vn1 == n1 ? Bp : ws + per_thread * v;
           rows(vm0 + p0 * MR, lo(np * MR, vm1 - vm0 - p0 * MR), Bv, jc, lo(NCB, vn1 - jc), pc_last,
                lo(KCB, S - pc_last), false);
-          pending = true;
+          pending = true, idle = false, spins = 0;
         } else if (q.waiting()) {
           pending = true;
-          _mm_pause();
         }
       }
+      if (pending && idle && ++spins > 2000) std::this_thread::yield();
+      if (pending && idle) _mm_pause();
     }
   };
   if (serial) return band(0, 1);
