@@ -78,10 +78,20 @@ std::vector<const cpu::GemmSet*> usable_sets() {
 struct Case {
   int64_t M, N, K;
 };
-const Case kCases[] = {{1, 1, 1},      {1, 33, 7},     {5, 17, 3},    {12, 32, 64},  {13, 33, 65},
-                       {32, 256, 256}, {31, 70, 385},  {100, 50, 2},  {24, 800, 40}, {7, 1600, 33},
-                       {40, 64, 1000}, {257, 97, 129}, {300, 70, 40},  // short sums over more rows
-                                                                       // than a block: C by rows
+const Case kCases[] = {{1, 1, 1},
+                       {1, 33, 7},
+                       {5, 17, 3},
+                       {12, 32, 64},
+                       {13, 33, 65},
+                       {32, 256, 256},
+                       {31, 70, 385},
+                       {100, 50, 2},
+                       {24, 800, 40},
+                       {7, 1600, 33},
+                       {40, 64, 1000},
+                       {257, 97, 129},
+                       {300, 70, 40},     // short sums over more rows
+                                          // than a block: C by rows
                        {400, 40, 600},    // row bands of several blocks a thread
                        {450, 100, 300}};  // (two k blocks)
 
@@ -213,17 +223,24 @@ TEST(Gemm, RowBandsOverSeveralColumnBlocks) {
 // A thread done with its band takes rows of another band's last block (with that band's
 // packed B): more threads than cores (descheduled threads finish late, so others take their
 // rows) must give the bits of one thread, on every kind of block. Split by rows (one block;
-// several k blocks), by columns, the scaled sums over sub-blocks, accumulate, rounded, and
-// the bf16 SGD step.
+// several k blocks), by columns, the scaled sums over sub-blocks (with A packed, and with A's
+// rows contiguous, which the AVX-512 fp32 kernels read in place), accumulate, rounded, and
+// the bf16 SGD step. The fp32 sums of one thread are also checked against plain sums.
 TEST(Gemm, RowsTakenFromSlowerBandsGiveTheSameBits) {
   FOR_EACH_SET(set) {
     uint32_t seed = 500;
-    const Case cases[] = {{1000, 300, 200}, {1000, 100, 700}, {300, 2000, 100}, {1000, 64, 1500}};
+    const Case cases[] = {{1000, 300, 200},
+                          {1000, 100, 700},
+                          {300, 2000, 100},
+                          {1000, 64, 1500},
+                          {200, 1100, 600}};  // (columns, sub-blocks)
     for (const Case& c : cases)
-      for (int kind = 0; kind < 6; ++kind) {
-        const bool bf16 = kind & 1, scaled = kind >= 4, acc = kind & 2 || scaled;
+      for (int kind = 0; kind < 16; ++kind) {
+        const bool bf16 = kind & 1, scaled = (kind & 7) >= 4, acc = kind & 2 || scaled;
+        const Layout la = kind & 8 ? Layout::rcontig : Layout::kcontig;
+        if ((kind & 7) > 5) continue;
         const auto gemm = bf16 ? set->bf16 : set->f32;
-        const Operand A = make(c.M, c.K, Layout::kcontig, false, bf16, seed++);
+        const Operand A = make(c.M, c.K, la, false, bf16, seed++);
         const Operand B = make(c.N, c.K, Layout::rcontig, false, bf16, seed++);
         const std::vector<double> c0 = test::randn(size_t(c.M * c.N), seed++);
         std::vector<uint16_t> w0(c0.size());
@@ -239,10 +256,26 @@ TEST(Gemm, RowsTakenFromSlowerBandsGiveTheSameBits) {
               set->bf16_sgd(c.M, c.N, c.K, A.view, B.view, W.data(), c.N, 0.01f);
             else
               gemm(c.M, c.N, c.K, A.view, B.view, C.data(), c.N, acc, scaled ? -0.01f : 1.0f,
-                   kind == 3);
+                   (kind & 7) == 3);
             omp_set_num_threads(cpu::threads());
             if (threads == 1) {
               one = C, one16 = W;
+              if (bf16) continue;
+              const float alpha = scaled ? -0.01f : 1.0f;
+              for (int64_t m = 0; m < c.M; m += 7)  // every 7th row: the sums' shapes repeat
+                for (int64_t n = 0; n < c.N; ++n) {
+                  const double c00 = acc ? double(float(c0[size_t(m * c.N + n)])) : 0.0;
+                  double sum = 0, mag = 0;
+                  for (int64_t k = 0; k < c.K; ++k) {
+                    const double p = A.val[size_t(m * c.K + k)] * B.val[size_t(n * c.K + k)];
+                    sum += p, mag += std::fabs(p);
+                  }
+                  ASSERT_NEAR(
+                      C[size_t(m * c.N + n)], c00 + alpha * sum,
+                      double(c.K + 2) * 6e-8 * (std::fabs(alpha) * mag + std::fabs(c00)) + 1e-30)
+                      << set->name << ": M=" << c.M << " N=" << c.N << " K=" << c.K << " kind "
+                      << kind << " at (" << m << ", " << n << ")";
+                }
               continue;
             }
             const std::string what = std::string(set->name) + ": M=" + std::to_string(c.M) +
