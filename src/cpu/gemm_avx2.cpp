@@ -355,11 +355,9 @@ struct Kern {
   // attention (cpu/attention_driver.h): its probabilities and score gradients read in place,
   // by rows (micro_inplace) or by slots lda apart
   static void micro_cols(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,
-                         int64_t ldc, int mr, int nr, bool acc, bool rnd = false,
-                         float alpha = 1.0f, const float* init = nullptr, int64_t ldi = 0,
-                         const char* const* pf = nullptr, int npf = 0) {
+                         int64_t ldc, int mr, int nr, bool acc, bool rnd = false) {
     cpu::micro<false, ASrc::f32_cols>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr, nr,
-                                      acc, alpha, init, ldi, pf, npf, lda, rnd);
+                                      acc, 1.0f, nullptr, 0, nullptr, 0, lda, rnd);
   }
 };
 

@@ -29,7 +29,8 @@
 //     micro_cols(S, A, lda, B, C, ldc, mr, nr, acc, rnd[, alpha, init, ldi, pf, npf])
 //                          (each documented with its kernel set)
 //   kScaledColsA           whether scaled sums (alpha, SGD) read a rows-contiguous fp32 A in
-//                          place with micro_cols instead of packing it (needs kInPlaceA)
+//                          place with micro_cols instead of packing it (needs kInPlaceA, and
+//                          micro_cols with its optional arguments)
 //   kInPlaceB              true if it also has, with B's fp32 rows read in place:
 //     micro_bip(S, A, B, ldb, C, ldc, mr, nr, acc, pf, npf, rnd)
 #pragma once
@@ -295,11 +296,11 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   // Called from inside a parallel loop (attention's blocks): this thread does it all, without
   // the cost of entering a nested region.
   const bool serial = omp_in_parallel() || omp_get_max_threads() == 1;
-  uint32_t* ws = workspace(per_thread * (serial ? 1 : omp_get_max_threads()));
+  const int nthreads = serial ? 1 : omp_get_max_threads();
+  uint32_t* ws = workspace(per_thread * nthreads);
   // Each thread owns a band of C (columns, or rows when there are more rows) and runs the
   // blocked product on it with its own packing buffers: no barriers, and B or A is packed
   // straight from memory into the cache that uses it.
-  const int nthreads = serial ? 1 : omp_get_max_threads();
   const auto band_of = [&](int t, int nt, int64_t& m0, int64_t& m1, int64_t& n0, int64_t& n1) {
     m0 = 0, m1 = M, n0 = 0, n1 = N;
     if (N / NR >= M / MR) {
@@ -310,6 +311,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       m0 = lo(M, mp * t / nt * MR), m1 = lo(M, mp * (t + 1) / nt * MR);
     }
   };
+  const auto last_jc = [&](int64_t n0, int64_t n1) { return n0 + (n1 - n0 - 1) / NCB * NCB; };
   // The last block of each band (its last columns and k slots) is a queue of MR-row panels
   // that other threads take from the back once their own bands are done: equal bands still
   // finish apart (interrupts, a busy host), by ~5 % of a product's time at W2 on this VM.
@@ -338,7 +340,6 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       // kernel reads B's panels where they lie, no copy (the kernel set permitting).
       const bool bip =
           Kern::kInPlaceB && stream && SL == Slot::f32 && B.rs == 1 && !B.bf16 && !scaled;
-      uint32_t* Bw = Bp;  // stream: this thread packs each panel just before its tiles
       // A by sub-blocks of `sub` slots, each contiguous: [s0][ir][slot][MR] (one sub-block
       // of kc slots unless split).
       const int64_t sub = split ? KCMAX : kc;
@@ -415,7 +416,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
               for (int64_t ir = 0; ir < mc; ir += MR) run_tile(ir, jr, s0, nullptr, 0);
         else
           for (int64_t jr = 0; jr < nc; jr += NR) {
-            Kern::template pack<SL>(Bw + jr * kc, B, N, K, jc + jr, NR, pc, kc);
+            Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
             for (int64_t s0 = 0; s0 < kc; s0 += sub)
               for (int64_t ir = 0; ir < mc; ir += MR) run_tile(ir, jr, s0, nullptr, 0);
           }
@@ -434,7 +435,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       for (int64_t jr = 0; jr < nc; jr += NR) {
         int npf = 0;  // next panel's lines, handed out to this panel's tiles
         if (stream) {
-          if (!bip) Kern::template pack<SL>(Bw + jr * kc, B, N, K, jc + jr, NR, pc, kc);
+          if (!bip) Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
           if (jr + NR < nc)
             npf = panel_lines<SL>(lines, kLines, B, N, K, jc + jr + NR, NR, pc, kc);
           else if (!last)  // the next k block's first panel
@@ -453,7 +454,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       }
     };
     const bool stream = m1 - m0 <= MC;  // one block of rows: B packed panel by panel
-    const int64_t jc_last = n0 + (n1 - n0 - 1) / NCB * NCB, pc_last = (S - 1) / KCB * KCB;
+    const int64_t jc_last = last_jc(n0, n1), pc_last = (S - 1) / KCB * KCB;
     const bool queue = !queues.empty() && !stream && !finish && n1 > n0;
     for (int64_t jc = n0; jc < n1; jc += NCB) {
       const int64_t nc = lo(NCB, n1 - jc);
@@ -489,7 +490,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
         if (q.take_back(MC / MR, p0, np)) {
           int64_t vm0, vm1, vn0, vn1;
           band_of(v, nt, vm0, vm1, vn0, vn1);
-          const int64_t jc = vn0 + (vn1 - vn0 - 1) / NCB * NCB;
+          const int64_t jc = last_jc(vn0, vn1);
           // (split by rows, the owner's last B block is this thread's own, if it packed one:
           // read it from here)
           const uint32_t* Bv = queue && vn0 == n0 && vn1 == n1 ? Bp : ws + per_thread * v;
