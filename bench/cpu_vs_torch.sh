@@ -76,12 +76,10 @@ for w in $workloads; do
     read -r theirs cfg <<<"$(torch_best "$dtype" $B $T)"
     k=fp32
     [ "$dtype" = bfloat16 ] && k=bf16
-    gt="-"
-    [ "${theirs#>}" != "$theirs" ] && gt=">"  # a bound: PyTorch timed out
     # %peak(c): the causal count -- attention's 6 L H D (T+1) per token instead of
     # TorchTitan's dense 12 L H D T (debugmodel: L=8, H=16, D=128) -- the work a step needs
     gfc=$(echo "$gf - $B * $T * 8 * 16 * 128 * (12 * $T - 6 * ($T + 1)) / ($ms * 1000000)" | bc -l)
-    rows+=("$w $dtype $ms $tps $gf $gfc $k $theirs $cfg $gt $rss/$plan")
+    rows+=("$w $dtype $ms $tps $gf $gfc $k $theirs $cfg $rss/$plan")
   done
 done
 read_peak
@@ -90,8 +88,9 @@ echo "measured peak, $threads threads: fp32 ${peak[fp32]} GFLOP/s, bf16 ${peak[b
 printf "%-4s %-9s %9s %9s %8s %6s %8s %11s %-11s %7s %14s\n" work dtype "ms/step" "tokens/s" "GFLOP/s" \
   "%peak" "%peak(c)" "pytorch ms" "(config)" ratio "RSS/plan MiB"
 for row in "${rows[@]}"; do
-  read -r w dtype ms tps gf gfc k theirs cfg gt mem <<<"$row"
-  [ "$gt" = "-" ] && gt=""
+  read -r w dtype ms tps gf gfc k theirs cfg mem <<<"$row"
+  gt=""
+  [ "${theirs#>}" != "$theirs" ] && gt=">"  # a bound: PyTorch timed out
   printf "%-4s %-9s %9s %9s %8s %5.1f%% %7.1f%% %11s %-11s %7s %14s\n" "$w" "$dtype" "$ms" "$tps" \
     "$gf" "$(echo "100 * $gf / ${peak[$k]}" | bc -l)" "$(echo "100 * $gfc / ${peak[$k]}" | bc -l)" \
     "$theirs" "$cfg" \
