@@ -118,7 +118,8 @@ inline void pack16_quads(uint32_t* dst, int64_t R, const View& v, int64_t i0, in
   }
 }
 
-// Rows contiguous in k (ks == 1): 16 rows x 16 slots at a time through a transpose.
+// Rows contiguous in k (ks == 1): 16 rows x 16 slots at a time, by pack16_quads inside the
+// matrix and through transpose16 at its edges (masked loads, zeros outside).
 template <bool BF>
 void pack_kcontig(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int R,
                   int64_t s0, int64_t S) {
