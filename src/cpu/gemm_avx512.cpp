@@ -87,16 +87,9 @@ template <bool BF>
 inline void pack16_quads(uint32_t* dst, int64_t R, const View& v, int64_t i0, int64_t k, int nr,
                          int ns, __mmask16 sm) {
   constexpr int per = BF ? 2 : 1;
-  __m512i X[4][4];
+  __m512i X[4][4] = {};  // lanes of rows past nr stay 0 (never stored)
 #pragma GCC unroll 4
-  for (int b = 0; b < 4; ++b)
-#pragma GCC unroll 4
-    for (int p = 0; p < 4; ++p)
-      X[b][p] =
-          b < nr ? _mm512_maskz_broadcast_i32x4(0x000f, load_quad<BF>(v, i0 + b, k + 4 * p * per))
-                 : _mm512_setzero_si512();
-#pragma GCC unroll 3
-  for (int a = 1; a < 4; ++a)
+  for (int a = 0; a < 4; ++a)
 #pragma GCC unroll 4
     for (int b = 0; b < 4; ++b)
       if (4 * a + b < nr)
@@ -127,7 +120,8 @@ void pack_kcontig(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t
   for (int rg = 0; rg < R; rg += 16) {
     const int nr = R - rg < 16 ? R - rg : 16;
     const __mmask16 sm = __mmask16((1u << nr) - 1);
-    const bool inside = r0 + rg + nr <= rows && (BF || !v.bf16);  // every stored row, as words
+    // every stored row inside the matrix, in words load_quad reads (not bf16 into fp32 words)
+    const bool inside = r0 + rg + nr <= rows && (BF || !v.bf16);
     for (int64_t s = 0; s < S; s += 16) {
       if (inside && (s0 + s + 16) * per <= K) {
         pack16_quads<BF>(dst + s * R + rg, R, v, r0 + rg, (s0 + s) * per, nr, int(lo(16, S - s)),
