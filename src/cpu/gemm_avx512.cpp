@@ -196,14 +196,25 @@ void pack(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int
 // The R-row panels of rows r0..r0+n, dst [n/R][S][R]. Rows contiguous (the A and B of
 // dW = doutᵀ x, the B of dx = dout W): by chunks of a few slots across all panels, so that each
 // source line is read once, and each k row as one run, not once per panel (k rows 4 KiB
-// multiples apart share one L1 set: a chunk reads at most 8 of them).
+// multiples apart share one L1 set: a chunk reads at most 8 of them). The next chunk's runs
+// are fetched into L1 meanwhile: its k rows lie a page or more apart (dout's rows, 16-24 KiB
+// in dW's A), where no hardware prefetcher follows, so each line would wait on DRAM in turn
+// (W2 bf16 SGD products -23 %, dx -7 % on Zen 5).
 template <bool BF>
 void pack_panels(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int64_t n,
                  int R, int64_t s0, int64_t S) {
-  const int64_t chunk = v.rs == 1 && v.ks != 1 ? (BF ? 4 : 8) : S;
-  for (int64_t c = 0; c < S; c += chunk)
+  constexpr int64_t per = BF ? 2 : 1;
+  const bool chunked = v.rs == 1 && v.ks != 1;
+  const int64_t chunk = chunked ? (BF ? 4 : 8) : S, es = v.bf16 ? 2 : 4,
+                span = (lo(rows, r0 + n) - r0) * es;
+  const char* src = static_cast<const char*>(v.p) + r0 * es;
+  for (int64_t c = 0; c < S; c += chunk) {
+    if (chunked)
+      for (int64_t k = (s0 + c + chunk) * per; k < lo(K, (s0 + c + 2 * chunk) * per); ++k)
+        for (int64_t b = 0; b < span; b += 64) _mm_prefetch(src + k * v.ks * es + b, _MM_HINT_T0);
     for (int64_t r = 0; r < n; r += R)
       pack<BF>(dst + r * S + c * R, v, rows, K, r0 + r, R, s0 + c, lo(chunk, S - c));
+  }
 }
 
 // ---- micro-kernel: C[mr, nr] (+)= Ap[S][MR] x Bp[S][NR] ----
