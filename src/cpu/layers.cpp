@@ -185,6 +185,16 @@ static inline void round_row(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
 }
 
+// Streaming passes fetch what they will read and write a little ahead, in software: on a Zen 5
+// VM the hardware prefetchers left SwiGLU and QK-norm + RoPE at about half of DRAM speed
+// (with this, two builds alternating in one process: SwiGLU forward -19 to -23 %, backward -8
+// to -13 %; QK-norm + RoPE forward -8 to -30 %, backward -14 to -16 %). The output lines are
+// fetched for writing: a store that misses waits on the line's read either way.
+static inline void fetch(const float* p, int64_t n, bool write) {
+  for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, write, 3);
+}
+constexpr int64_t kAhead = 256, kStep = 64;  // floats: fetch distance, and the run per fetch
+
 // The qkv split, QK-norm and RoPE in one pass over each token's fused projection row: per
 // kv group g of a row, [G query heads | key | value] (spec §3). Row by row the arithmetic
 // (and, for a fixed thread count dividing N, the order of the norm weights' gradient sums)
@@ -202,6 +212,12 @@ void qk_norm_rope_forward(float* q, float* k, float* v, float* qrstd, float* krs
       const float *c = cos + (n % T) * D2, *s = sin + (n % T) * D2;
       for (int64_t g = 0; g < KVH; ++g) {
         const float* src = qkv + n * R + g * (G + 2) * D;
+        if (n + 1 < N) {  // this group's rows of the next token
+          fetch(src + R, (G + 2) * D, false);
+          fetch(q + ((n + 1) * H + g * G) * D, G * D, true);
+          fetch(k + ((n + 1) * KVH + g) * D, D, true);
+          fetch(v + ((n + 1) * KVH + g) * D, D, true);
+        }
         for (int64_t i = 0; i <= G; ++i) {  // G query heads, then the key
           const bool key = i == G;
           const int64_t row = key ? n * KVH + g : n * H + g * G + i;
@@ -234,6 +250,13 @@ void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq,
       for (int64_t g = 0; g < KVH; ++g) {
         const float* src = qkv + n * R + g * (G + 2) * D;
         float* dst = dqkv + n * R + g * (G + 2) * D;
+        if (n + 1 < N) {  // this group's rows of the next token
+          fetch(src + R, (G + 2) * D, false);
+          fetch(dst + R, (G + 2) * D, true);
+          fetch(dq + ((n + 1) * H + g * G) * D, G * D, false);
+          fetch(dk + ((n + 1) * KVH + g) * D, D, false);
+          fetch(dv + ((n + 1) * KVH + g) * D, D, false);
+        }
         for (int64_t i = 0; i <= G; ++i) {
           const bool key = i == G;
           const int64_t row = key ? n * KVH + g : n * H + g * G + i;
@@ -403,8 +426,14 @@ void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F, bool rnd)
   for (int64_t n = 0; n < N; ++n) {
     const float *a = ab + n * 2 * F, *b = a + F;
     float* o = out + n * F;
+    for (int64_t f0 = 0; f0 < F; f0 += kStep) {
+      fetch(a + f0 + kAhead, kStep, false);
+      fetch(b + f0 + kAhead, kStep, false);
+      fetch(o + f0 + kAhead, kStep, true);
+      const int64_t f1 = std::min(F, f0 + kStep);
 #pragma omp simd
-    for (int64_t f = 0; f < F; ++f) o[f] = a[f] / (1.0f + vexp(-a[f])) * b[f];
+      for (int64_t f = f0; f < f1; ++f) o[f] = a[f] / (1.0f + vexp(-a[f])) * b[f];
+    }
     if (rnd) round_row(o, F);  // while the row is in L1
   }
 }
@@ -414,11 +443,19 @@ void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, 
   for (int64_t n = 0; n < N; ++n) {
     const float *a = ab + n * 2 * F, *b = a + F, *g = dout + n * F;
     float *da = dab + n * 2 * F, *db = da + F;
+    for (int64_t f0 = 0; f0 < F; f0 += kStep) {
+      fetch(a + f0 + kAhead, kStep, false);
+      fetch(b + f0 + kAhead, kStep, false);
+      fetch(g + f0 + kAhead, kStep, false);
+      fetch(da + f0 + kAhead, kStep, true);
+      fetch(db + f0 + kAhead, kStep, true);
+      const int64_t f1 = std::min(F, f0 + kStep);
 #pragma omp simd
-    for (int64_t f = 0; f < F; ++f) {
-      const float sg = 1.0f / (1.0f + vexp(-a[f]));
-      da[f] = g[f] * b[f] * sg * (1.0f + a[f] * (1.0f - sg));
-      db[f] = g[f] * a[f] * sg;
+      for (int64_t f = f0; f < f1; ++f) {
+        const float sg = 1.0f / (1.0f + vexp(-a[f]));
+        da[f] = g[f] * b[f] * sg * (1.0f + a[f] * (1.0f - sg));
+        db[f] = g[f] * a[f] * sg;
+      }
     }
     if (rnd) round_row(da, 2 * F);
   }
