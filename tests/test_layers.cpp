@@ -178,7 +178,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
 
 // Attention on every kernel set this CPU can run (cpu/attention_driver.h), at shapes with
 // several query blocks, head dims that are no multiple of a tile and the model's own: against
-// the reference (fp32; the bf16 kind on bf16 inputs), and bit for bit at 1 and 2 threads.
+// the reference (fp32; the bf16 kind on bf16 inputs), and bit for bit at 1, 2 and 3 threads
+// (threads claim tasks one ahead: some shapes have fewer tasks than threads).
 TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
   for (const AttnShape sh : {AttnShape{1, 200, 4, 2, 128}, AttnShape{2, 97, 3, 1, 20},
                              AttnShape{1, 300, 2, 2, 33}, AttnShape{3, 16, 2, 1, 7}}) {
@@ -199,8 +200,8 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
         ref::attention_backward(dq.data(), dk.data(), dv.data(), to_d(Gf).data(), o.data(),
                                 lse.data(), to_d(qf).data(), to_d(kf).data(), to_d(vf).data(), B, T,
                                 H, KVH, D);
-        std::vector<float> out[2], grads[2];
-        for (const int threads : {2, 1}) {
+        std::vector<float> out[3], grads[3];
+        for (const int threads : {3, 2, 1}) {
           omp_set_num_threads(threads);
           std::vector<float> of(nq), lsef(B * H * T), dqf(nq, 3.0f), dkf(nk, 3.0f), dvf(nk, 3.0f);
           set->attn_fwd[bf](of.data(), lsef.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH,
@@ -227,8 +228,9 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
           grads[threads - 1].insert(grads[threads - 1].end(), dvf.begin(), dvf.end());
         }
         omp_set_num_threads(cpu::threads());
-        EXPECT_TRUE(out[0] == out[1] && grads[0] == grads[1])
-            << set->name << ": differs between 1 and 2 threads";
+        EXPECT_TRUE(out[0] == out[1] && grads[0] == grads[1] && out[0] == out[2] &&
+                    grads[0] == grads[2])
+            << set->name << ": differs between 1, 2 and 3 threads";
       }
     }
   }

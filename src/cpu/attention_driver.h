@@ -3,7 +3,8 @@
 // (the softmaxes too) and kept in their anonymous namespace.
 //
 // One task per (sequence, kv head): K and V are packed once for its G query heads, and it
-// owns their dK, dV rows. Every product reads packed panels of the kernel set and runs its
+// owns their dK, dV rows. A thread claims its next task when it starts one, and fetches that
+// task's K and V rows (and each next block's query rows) between micro-tiles (RowFetch). Every product reads packed panels of the kernel set and runs its
 // micro-kernel on whole tiles, in the orientation that needs no transposed copy of a result:
 //   scores  Sᵀ[key][query] = K Qᵀ: K as A panels (MR keys), a block of queries as B panels
 //           (NR queries), so the softmax runs down columns, vectorized across queries;
@@ -16,6 +17,7 @@
 #pragma once
 #include <omp.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -32,21 +34,61 @@ inline int64_t round_up(int64_t a, int64_t m) {
   return (a + m - 1) / m * m;
 }
 
+// The rows the next query block (and the next task) will read, fetched a few lines at a
+// time between this block's micro-tiles. A token's head row is 512 bytes and rows lie 4-8 KiB
+// apart, where no hardware prefetcher follows: the packs of Q, K and V waited on each line in
+// turn (in a W2 layer's fp32 forward ~30 % of the time, at ~5 GB/s a thread). Into L1, not
+// L2: measured faster, as was leaving the outputs' lines alone.
+class RowFetch {
+ public:
+  void clear() { n_ = cur_ = 0, row_ = line_ = 0, left_ = 0; }
+  // rows [0, rows) of p, `stride` floats apart, their first `floats` floats
+  void add(const float* p, int64_t stride, int64_t rows, int64_t floats) {
+    if (rows <= 0 || n_ == kRuns) return;
+    const int64_t lines = (floats * 4 + 63) / 64;
+    runs_[n_++] = {reinterpret_cast<const char*>(p), stride * 4, rows, lines};
+    left_ += rows * lines;
+  }
+  // spread what is queued over `calls` calls of step()
+  void pace(int64_t calls) { per_ = (left_ + calls - 1) / (calls > 0 ? calls : 1); }
+  void step() { issue(per_); }
+  void finish() { issue(left_); }
+
+ private:
+  static constexpr int kRuns = 8;
+  struct Run {
+    const char* p;
+    int64_t stride, rows, lines;
+  };
+  void issue(int64_t n) {
+    for (; n > 0 && cur_ < n_; --n, --left_) {
+      const Run& r = runs_[cur_];
+      __builtin_prefetch(r.p + row_ * r.stride + line_ * 64, 0, 3);
+      if (++line_ == r.lines && (line_ = 0, ++row_ == r.rows)) row_ = 0, ++cur_;
+    }
+  }
+  Run runs_[kRuns];
+  int n_ = 0, cur_ = 0;
+  int64_t row_ = 0, line_ = 0, left_ = 0, per_ = 0;
+};
+
 // St[j][c] (row stride kAttnQB) = alpha sum_d X(j, d) Y(q0 + c, d) for the nq queries of a
 // block and the keys j each NR panel of them can see (j <= its last query); other entries
 // are left as they were. X: packed A panels of MR keys over SD slots; Y: the queries (or
 // their output gradients), packed here into Yp.
 template <class Kern, Slot SL>
 void score_tiles(float* St, const uint32_t* X, uint32_t* Yp, const View& Y, int64_t T, int64_t D,
-                 int64_t SD, int64_t q0, int64_t nq, float alpha) {
+                 int64_t SD, int64_t q0, int64_t nq, float alpha, RowFetch& pf) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
   for (int64_t c = 0; c < nq; c += NR) {
     uint32_t* yp = Yp + c * SD;
     Kern::template pack<SL>(yp, Y, T, D, q0 + c, NR, 0, SD);
     const int nr = int(lo(NR, nq - c));
-    for (int64_t j = 0; j < lo(T, q0 + c + nr); j += MR)
+    for (int64_t j = 0; j < lo(T, q0 + c + nr); j += MR) {
       Kern::template micro<SL, false>(SD, X + j * SD, yp, St + j * kAttnQB + c, kAttnQB,
                                       int(lo(MR, T - j)), nr, false, alpha, nullptr, 0, nullptr, 0);
+      pf.step();
+    }
   }
 }
 
@@ -72,13 +114,14 @@ void pack_dims_b(uint32_t* dst, const View& Xt, int64_t D, int64_t K, int64_t SK
 // rnd: C stored rounded to bf16.
 template <class Kern, Slot SL>
 void query_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32_t* Ap, int64_t D,
-                int64_t ST, int64_t q0, int64_t nq, bool rnd) {
+                int64_t ST, int64_t q0, int64_t nq, bool rnd, RowFetch& pf) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
   constexpr int64_t per = per_slot(SL);
   for (int64_t a = 0; a < nq; a += MR) {
     const int mr = int(lo(MR, nq - a));
     const int64_t e = q0 + a + mr, S = (e + per - 1) / per;  // keys 0..e-1
-    if constexpr (Kern::kInPlaceA && per == 1) {             // St's rows are the A slots
+    pf.step();
+    if constexpr (Kern::kInPlaceA && per == 1) {  // St's rows are the A slots
       for (int64_t d = 0; d < D; d += NR)
         Kern::micro_cols(S, St + a, kAttnQB, Yb + d * ST, C + a * ldc + d, ldc, mr,
                          int(lo(NR, D - d)), false, rnd);
@@ -96,14 +139,15 @@ void query_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint
 // the block's queries (SQ slots each); Ap: one panel.
 template <class Kern, Slot SL>
 void key_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32_t* Ap, int64_t D,
-              int64_t SQ, int64_t q0, int64_t nq) {
+              int64_t SQ, int64_t q0, int64_t nq, RowFetch& pf) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
   constexpr int64_t per = per_slot(SL);
   const int64_t e = q0 + nq, S = (nq + per - 1) / per;
   for (int64_t j = 0; j < e; j += MR) {
     const int mr = int(lo(MR, e - j));
     const int64_t s0 = (j > q0 ? j - q0 : 0) / per;  // queries before j do not see it
-    if constexpr (Kern::kInPlaceA && per == 1) {     // St's rows are the A rows
+    pf.step();
+    if constexpr (Kern::kInPlaceA && per == 1) {  // St's rows are the A rows
       for (int64_t d = 0; d < D; d += NR)
         Kern::micro_inplace(S - s0, St + j * kAttnQB + s0, false, kAttnQB, Yb + d * SQ + s0 * NR,
                             C + j * ldc + d, ldc, mr, int(lo(NR, D - d)), true, nullptr, 0);
@@ -130,6 +174,29 @@ struct AttnShape {
   F* row(F* x, int64_t b, int64_t h, int64_t i) const {  // query i of head h
     return x + ((b * T + i) * H + h) * D;
   }
+  // Queues what the block after (h, q0) of task t = b * KVH + g reads: the rows of its
+  // queries in each of qs (up to 3 tensors), then slice `blk` of `nblk` of the keys and
+  // values of task `next` (claimed, or >= B * KVH for none). After the task's last block the
+  // next block is `next`'s first.
+  void plan(RowFetch& pf, const float* const* qs, int nqs, int64_t b, int64_t g, int64_t h,
+            int64_t q0, int64_t QB, const float* k, const float* v, int64_t next, int64_t blk,
+            int64_t nblk) const {
+    const int64_t G = H / KVH;
+    pf.clear();
+    if (q0 + QB < T || h + 1 < (g + 1) * G) {
+      const int64_t hn = q0 + QB < T ? h : h + 1, qn = q0 + QB < T ? q0 + QB : 0;
+      for (int i = 0; i < nqs; ++i) pf.add(row(qs[i], b, hn, qn), H * D, lo(QB, T - qn), D);
+    } else if (next < B * KVH) {
+      const int64_t bn = next / KVH, gn = next % KVH;
+      for (int i = 0; i < nqs; ++i) pf.add(row(qs[i], bn, gn * G, 0), H * D, lo(QB, T), D);
+    }
+    if (next < B * KVH) {
+      const int64_t bn = next / KVH, gn = next % KVH, j0 = blk * T / nblk,
+                    j1 = (blk + 1) * T / nblk;
+      pf.add(k + ((bn * T + j0) * KVH + gn) * D, KVH * D, j1 - j0, D);
+      pf.add(v + ((bn * T + j0) * KVH + gn) * D, KVH * D, j1 - j0, D);
+    }
+  }
 };
 
 template <class Kern, bool BF>
@@ -143,6 +210,8 @@ void attn_forward(float* out, float* lse, const float* q, const float* k, const 
   const float scale = 1.0f / std::sqrt(float(D));
   // per thread, in words: K as A panels, V as B panels, a query block as B panels, Sᵀ of
   // the block, one A panel of P
+  const int64_t ntask = B * KVH, nblk = G * ((T + QB - 1) / QB);
+  std::atomic<int64_t> claim{0};
   const int64_t wK = round_up(round_up(T, Kern::MR) * SD, 16),
                 wV = round_up(round_up(D, Kern::NR) * ST, 16), wQ = round_up(QB * SD, 16),
                 wS = round_up(T * QB, 16), wP = round_up(Kern::MR * ST, 16);
@@ -153,45 +222,51 @@ void attn_forward(float* out, float* lse, const float* q, const float* k, const 
     float* St = reinterpret_cast<float*>(QP + wQ);
     uint32_t* PA = reinterpret_cast<uint32_t*>(St + wS);
     alignas(64) float mx[QB], sum[QB];
-#pragma omp for collapse(2) schedule(dynamic)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t g = 0; g < KVH; ++g) {
-        pack_keys_a<Kern, SL>(KA, sh.kv(k, b, g), T, D, SD);
-        pack_dims_b<Kern, SL>(VB, sh.kv_t(v, b, g), D, T, ST);
-        for (int64_t h = g * G; h < (g + 1) * G; ++h)
-          for (int64_t q0 = 0; q0 < T; q0 += QB) {
-            const int64_t nq = lo(QB, T - q0), e = q0 + nq;
-            score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), false, ldq, 1}, T, D, SD, q0,
-                                  nq, scale);
-            // softmax down each column c (query q0 + c sees keys j <= q0 + c); P = 0 where
-            // masked, over all e keys the block's panels read
-            for (int64_t c = 0; c < nq; ++c) mx[c] = -INFINITY, sum[c] = 0.0f;
-            for (int64_t j = 0; j < e; ++j) {
-              const float* s = St + j * QB;
+    RowFetch pf;
+    // tasks claimed one ahead, so that each can fetch the next one's rows
+    for (int64_t t = claim.fetch_add(1), next; t < ntask; t = next) {
+      next = claim.fetch_add(1);
+      const int64_t b = t / KVH, g = t % KVH;
+      int64_t blk = 0;
+      pack_keys_a<Kern, SL>(KA, sh.kv(k, b, g), T, D, SD);
+      pack_dims_b<Kern, SL>(VB, sh.kv_t(v, b, g), D, T, ST);
+      for (int64_t h = g * G; h < (g + 1) * G; ++h)
+        for (int64_t q0 = 0; q0 < T; q0 += QB, ++blk) {
+          const int64_t nq = lo(QB, T - q0), e = q0 + nq;
+          sh.plan(pf, &q, 1, b, g, h, q0, QB, k, v, next, blk, nblk);
+          pf.pace((nq + Kern::NR - 1) / Kern::NR * ((e + Kern::MR - 1) / Kern::MR) +
+                  (nq + Kern::MR - 1) / Kern::MR);
+          score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), false, ldq, 1}, T, D, SD, q0,
+                                nq, scale, pf);
+          // softmax down each column c (query q0 + c sees keys j <= q0 + c); P = 0 where
+          // masked, over all e keys the block's panels read
+          for (int64_t c = 0; c < nq; ++c) mx[c] = -INFINITY, sum[c] = 0.0f;
+          for (int64_t j = 0; j < e; ++j) {
+            const float* s = St + j * QB;
 #pragma omp simd
-              for (int64_t c = j > q0 ? j - q0 : 0; c < nq; ++c)
-                mx[c] = s[c] > mx[c] ? s[c] : mx[c];
-            }
-            for (int64_t j = 0; j < e; ++j) {
-              float* s = St + j * QB;
-              const int64_t c0 = j > q0 ? j - q0 : 0;
-              for (int64_t c = 0; c < c0; ++c) s[c] = 0.0f;
-#pragma omp simd
-              for (int64_t c = c0; c < nq; ++c) sum[c] += (s[c] = vexp(s[c] - mx[c]));
-            }
-            for (int64_t c = 0; c < nq; ++c) {
-              lse[(b * H + h) * T + q0 + c] = mx[c] + std::log(sum[c]);
-              sum[c] = 1.0f / sum[c];
-            }
-            for (int64_t j = 0; j < e; ++j) {
-              float* s = St + j * QB;
-#pragma omp simd
-              for (int64_t c = j > q0 ? j - q0 : 0; c < nq; ++c)
-                s[c] = BF ? round_to_bf16(s[c] * sum[c]) : s[c] * sum[c];
-            }
-            query_rows<Kern, SL>(sh.row(out, b, h, q0), ldq, St, VB, PA, D, ST, q0, nq, BF);
+            for (int64_t c = j > q0 ? j - q0 : 0; c < nq; ++c) mx[c] = s[c] > mx[c] ? s[c] : mx[c];
           }
-      }
+          for (int64_t j = 0; j < e; ++j) {
+            float* s = St + j * QB;
+            const int64_t c0 = j > q0 ? j - q0 : 0;
+            for (int64_t c = 0; c < c0; ++c) s[c] = 0.0f;
+#pragma omp simd
+            for (int64_t c = c0; c < nq; ++c) sum[c] += (s[c] = vexp(s[c] - mx[c]));
+          }
+          for (int64_t c = 0; c < nq; ++c) {
+            lse[(b * H + h) * T + q0 + c] = mx[c] + std::log(sum[c]);
+            sum[c] = 1.0f / sum[c];
+          }
+          for (int64_t j = 0; j < e; ++j) {
+            float* s = St + j * QB;
+#pragma omp simd
+            for (int64_t c = j > q0 ? j - q0 : 0; c < nq; ++c)
+              s[c] = BF ? round_to_bf16(s[c] * sum[c]) : s[c] * sum[c];
+          }
+          query_rows<Kern, SL>(sh.row(out, b, h, q0), ldq, St, VB, PA, D, ST, q0, nq, BF, pf);
+          pf.finish();
+        }
+    }
   }
 }
 
@@ -214,6 +289,8 @@ void attn_backward(float* dq, float* dk, float* dv, const float* dout, const flo
                 wB = round_up(round_up(D, Kern::NR) * ST, 16), wQ = round_up(QB * SD, 16),
                 wQt = round_up(round_up(D, Kern::NR) * SQ, 16), wS = round_up(T * QB, 16),
                 wX = round_up(Kern::MR * (ST > SQ ? ST : SQ), 16), wG = round_up(T * D, 16);
+  const int64_t ntask = B * KVH, nblk = G * ((T + QB - 1) / QB);
+  std::atomic<int64_t> claim{0};
 #pragma omp parallel
   {
     uint32_t* KA = workspace(2 * wA + wB + 2 * wQ + 2 * wQt + 2 * wS + wX + 2 * wG);
@@ -225,60 +302,68 @@ void attn_backward(float* dq, float* dk, float* dv, const float* dout, const flo
     float* dKs = reinterpret_cast<float*>(XA + wX);
     float* dVs = dKs + wG;
     alignas(64) float rowdot[QB];
-#pragma omp for collapse(2) schedule(dynamic)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t g = 0; g < KVH; ++g) {
-        float *dkg = dk + (b * T * KVH + g) * D, *dvg = dv + (b * T * KVH + g) * D;
-        std::memset(dKs, 0, size_t(T * D) * sizeof(float));
-        std::memset(dVs, 0, size_t(T * D) * sizeof(float));
-        pack_keys_a<Kern, SL>(KA, sh.kv(k, b, g), T, D, SD);
-        pack_keys_a<Kern, SL>(VA, sh.kv(v, b, g), T, D, SD);
-        pack_dims_b<Kern, SL>(KB, sh.kv_t(k, b, g), D, T, ST);
-        for (int64_t h = g * G; h < (g + 1) * G; ++h)
-          for (int64_t q0 = 0; q0 < T; q0 += QB) {
-            const int64_t nq = lo(QB, T - q0), e = q0 + nq;
-            const float *qh = sh.row(q, b, h, q0), *oh = sh.row(out, b, h, q0),
-                        *gh = sh.row(dout, b, h, q0);
-            score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), false, ldq, 1}, T, D, SD, q0,
-                                  nq, scale);
-            score_tiles<Kern, SL>(dSt, VA, OP, View{sh.row(dout, b, h, 0), false, ldq, 1}, T, D, SD,
-                                  q0, nq, 1.0f);
-            for (int64_t c = 0; c < nq; ++c) {  // rowsum(dO O)
-              float s = 0.0f;
+    RowFetch pf;
+    const float* const reads[3] = {q, dout, out};
+    for (int64_t t = claim.fetch_add(1), next; t < ntask; t = next) {
+      next = claim.fetch_add(1);
+      const int64_t b = t / KVH, g = t % KVH;
+      int64_t blk = 0;
+      float *dkg = dk + (b * T * KVH + g) * D, *dvg = dv + (b * T * KVH + g) * D;
+      std::memset(dKs, 0, size_t(T * D) * sizeof(float));
+      std::memset(dVs, 0, size_t(T * D) * sizeof(float));
+      pack_keys_a<Kern, SL>(KA, sh.kv(k, b, g), T, D, SD);
+      pack_keys_a<Kern, SL>(VA, sh.kv(v, b, g), T, D, SD);
+      pack_dims_b<Kern, SL>(KB, sh.kv_t(k, b, g), D, T, ST);
+      for (int64_t h = g * G; h < (g + 1) * G; ++h)
+        for (int64_t q0 = 0; q0 < T; q0 += QB, ++blk) {
+          const int64_t nq = lo(QB, T - q0), e = q0 + nq;
+          const float *qh = sh.row(q, b, h, q0), *oh = sh.row(out, b, h, q0),
+                      *gh = sh.row(dout, b, h, q0);
+          sh.plan(pf, reads, 3, b, g, h, q0, QB, k, v, next, blk, nblk);
+          const int64_t sp = (nq + Kern::NR - 1) / Kern::NR * ((e + Kern::MR - 1) / Kern::MR),
+                        kp = (e + Kern::MR - 1) / Kern::MR;
+          pf.pace(2 * sp + 2 * kp + (nq + Kern::MR - 1) / Kern::MR);
+          score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), false, ldq, 1}, T, D, SD, q0,
+                                nq, scale, pf);
+          score_tiles<Kern, SL>(dSt, VA, OP, View{sh.row(dout, b, h, 0), false, ldq, 1}, T, D, SD,
+                                q0, nq, 1.0f, pf);
+          for (int64_t c = 0; c < nq; ++c) {  // rowsum(dO O)
+            float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-              for (int64_t d = 0; d < D; ++d) s += gh[c * ldq + d] * oh[c * ldq + d];
-              rowdot[c] = s;
-            }
-            // P = exp(S - lse), dS = P (dP - rowsum(dO O)) scale; 0 where masked. The bf16 kind
-            // rounds both here, so its products may read them in place (packing would round
-            // them again, to the same values); the forward rounds P likewise.
-            const float* l = lse + (b * H + h) * T + q0;
-            for (int64_t j = 0; j < e; ++j) {
-              float *s = St + j * QB, *ds = dSt + j * QB;
-              const int64_t c0 = j > q0 ? j - q0 : 0;
-              for (int64_t c = 0; c < c0; ++c) s[c] = ds[c] = 0.0f;
-#pragma omp simd
-              for (int64_t c = c0; c < nq; ++c) {
-                const float p = vexp(s[c] - l[c]), g = p * (ds[c] - rowdot[c]) * scale;
-                s[c] = BF ? round_to_bf16(p) : p;
-                ds[c] = BF ? round_to_bf16(g) : g;
-              }
-            }
-            // dV += Pᵀ dO, dK += dSᵀ Q, dQ = dS K
-            pack_dims_b<Kern, SL>(OT, View{gh, false, 1, ldq}, D, nq, SQ);
-            pack_dims_b<Kern, SL>(QT, View{qh, false, 1, ldq}, D, nq, SQ);
-            key_rows<Kern, SL>(dVs, D, St, OT, XA, D, SQ, q0, nq);
-            key_rows<Kern, SL>(dKs, D, dSt, QT, XA, D, SQ, q0, nq);
-            query_rows<Kern, SL>(sh.row(dq, b, h, q0), ldq, dSt, KB, XA, D, ST, q0, nq, BF);
+            for (int64_t d = 0; d < D; ++d) s += gh[c * ldq + d] * oh[c * ldq + d];
+            rowdot[c] = s;
           }
-        // dK and dV are whole: stored (the bf16 kind rounded) past the caches, being read only
-        // after the whole backward (layer backward -1.4 % at W2 fp32, layers alternating)
-        for (int64_t j = 0; j < T; ++j) {
-          Kern::store_nt(dkg + j * ldk, dKs + j * D, D, BF);
-          Kern::store_nt(dvg + j * ldk, dVs + j * D, D, BF);
+          // P = exp(S - lse), dS = P (dP - rowsum(dO O)) scale; 0 where masked. The bf16 kind
+          // rounds both here, so its products may read them in place (packing would round
+          // them again, to the same values); the forward rounds P likewise.
+          const float* l = lse + (b * H + h) * T + q0;
+          for (int64_t j = 0; j < e; ++j) {
+            float *s = St + j * QB, *ds = dSt + j * QB;
+            const int64_t c0 = j > q0 ? j - q0 : 0;
+            for (int64_t c = 0; c < c0; ++c) s[c] = ds[c] = 0.0f;
+#pragma omp simd
+            for (int64_t c = c0; c < nq; ++c) {
+              const float p = vexp(s[c] - l[c]), g = p * (ds[c] - rowdot[c]) * scale;
+              s[c] = BF ? round_to_bf16(p) : p;
+              ds[c] = BF ? round_to_bf16(g) : g;
+            }
+          }
+          // dV += Pᵀ dO, dK += dSᵀ Q, dQ = dS K
+          pack_dims_b<Kern, SL>(OT, View{gh, false, 1, ldq}, D, nq, SQ);
+          pack_dims_b<Kern, SL>(QT, View{qh, false, 1, ldq}, D, nq, SQ);
+          key_rows<Kern, SL>(dVs, D, St, OT, XA, D, SQ, q0, nq, pf);
+          key_rows<Kern, SL>(dKs, D, dSt, QT, XA, D, SQ, q0, nq, pf);
+          query_rows<Kern, SL>(sh.row(dq, b, h, q0), ldq, dSt, KB, XA, D, ST, q0, nq, BF, pf);
+          pf.finish();
         }
-        _mm_sfence();
+      // dK and dV are whole: stored (the bf16 kind rounded) past the caches, being read only
+      // after the whole backward (layer backward -1.4 % at W2 fp32, layers alternating)
+      for (int64_t j = 0; j < T; ++j) {
+        Kern::store_nt(dkg + j * ldk, dKs + j * D, D, BF);
+        Kern::store_nt(dvg + j * ldk, dVs + j * D, D, BF);
       }
+      _mm_sfence();
+    }
   }
 }
 
