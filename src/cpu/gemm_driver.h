@@ -221,10 +221,10 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int6
 // Before open() the owner is still on earlier blocks (others wait for it); after close()
 // nothing is left to take.
 struct alignas(64) StealQueue {
-  std::atomic<uint64_t> range{0};  // end << 32 | next, in panels of the owner's band
-  std::atomic<int> state{0};       // 0 not yet open, 1 open, 2 closed
-  void open(int64_t panels) {
-    range.store(uint64_t(panels) << 32, std::memory_order_relaxed);
+  std::atomic<uint64_t> range{0};             // end << 32 | next, in panels of the owner's band
+  std::atomic<int> state{0};                  // 0 not yet open, 1 open, 2 closed
+  void open(int64_t first, int64_t panels) {  // panels [first, panels) left
+    range.store(uint64_t(panels) << 32 | uint64_t(first), std::memory_order_relaxed);
     state.store(1, std::memory_order_release);
   }
   void close() { state.store(2, std::memory_order_release); }
@@ -328,9 +328,10 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
     const char* lines[kLines];
     // Rows ic..ic+mc of the block of columns jc..jc+nc and slots pc..pc+kc, B's panels packed
     // in Bb (by this thread or, for rows taken from another's queue, by their owner) unless
-    // stream. Every tile of the rows is summed and stored.
+    // stream, or packb (split sums: packed into Bp here, as the tiles first need them). Every
+    // tile of the rows is summed and stored.
     const auto rows = [&](int64_t ic, int64_t mc, const uint32_t* Bb, int64_t jc, int64_t nc,
-                          int64_t pc, int64_t kc, bool stream) {
+                          int64_t pc, int64_t kc, bool stream, bool packb) {
       const bool last = pc + kc == S;
       const int64_t mt = (mc + MR - 1) / MR * MR;
       // Short sums over many rows (the SGD step over 32 tokens): the traffic is C, read
@@ -402,24 +403,39 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
         }
       };
       if (split) {  // each tile summed by sub-blocks, in the same order either way
+        // Sub-panel (jr, s0) over all rows; (jn, sn) the one after it (jn >= nc: none). When
+        // packing here, each is packed just before its tiles, and the source lines of the next
+        // are fetched into L2 across them: B (the SGD product's x, 16-24 MiB) is read from
+        // DRAM during the sums, not in a pass of its own before them.
+        const int64_t tiles = (mc + MR - 1) / MR;
+        const auto sub_panel = [&](int64_t jr, int64_t s0, int64_t jn, int64_t sn) {
+          int npf = 0;
+          if (stream || packb) {
+            Kern::template pack<SL>(Bp + jr * kc + s0 * NR, B, N, K, jc + jr, NR, pc + s0,
+                                    lo(sub, kc - s0));
+            if (jn < nc)
+              npf = panel_lines<SL>(lines, kLines, B, N, K, jc + jn, NR, pc + sn, lo(sub, kc - sn));
+          }
+          // (a kernel fetches at most one line a slot)
+          const int per_tile = int(lo((npf + tiles - 1) / tiles, lo(sub, kc - s0)));
+          for (int64_t ir = 0; ir < mc; ir += MR) {
+            const int t0 = int(ir / MR) * per_tile;
+            run_tile(ir, jr, s0, lines + t0, int(lo(per_tile, npf - t0 > 0 ? npf - t0 : 0)));
+          }
+        };
         // A B sub-panel stays in L1 across the tiles of a column. With A packed (in L2), B
         // panels outer: the partial sums of one panel's tiles, not of the whole block, are
         // live (bf16 and AVX2 backward -1 % by the layer A/B); with A read in place, sub-blocks
         // outer, so that each of its strips comes from memory once (+1-2 % the other way).
-        if (!stream && !acols)
+        if (!acols)
           for (int64_t jr = 0; jr < nc; jr += NR)
             for (int64_t s0 = 0; s0 < kc; s0 += sub)
-              for (int64_t ir = 0; ir < mc; ir += MR) run_tile(ir, jr, s0, nullptr, 0);
-        else if (!stream)
+              s0 + sub < kc ? sub_panel(jr, s0, jr, s0 + sub) : sub_panel(jr, s0, jr + NR, 0);
+        else
           for (int64_t s0 = 0; s0 < kc; s0 += sub)
             for (int64_t jr = 0; jr < nc; jr += NR)
-              for (int64_t ir = 0; ir < mc; ir += MR) run_tile(ir, jr, s0, nullptr, 0);
-        else
-          for (int64_t jr = 0; jr < nc; jr += NR) {
-            Kern::template pack<SL>(Bp + jr * kc, B, N, K, jc + jr, NR, pc, kc);
-            for (int64_t s0 = 0; s0 < kc; s0 += sub)
-              for (int64_t ir = 0; ir < mc; ir += MR) run_tile(ir, jr, s0, nullptr, 0);
-          }
+              jr + NR < nc ? sub_panel(jr, s0, jr + NR, s0)
+                           : sub_panel(jr, s0, s0 + sub < kc ? 0 : nc, s0 + sub);
         return;
       }
       if (by_rows) {  // C is the traffic: walk it along its rows (few DRAM streams)
@@ -454,6 +470,11 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       }
     };
     const bool stream = m1 - m0 <= MC;  // one block of rows: B packed panel by panel
+    // fp32 split sums over at most two blocks of rows (the SGD products of wo and w2: 256
+    // rows, B the 16-24 MiB x): the first block packs B as it goes. W2 fp32 wo, w2 SGD
+    // products -5 to -9 %; no gain measured where more blocks of rows share the packed B
+    // (w13, qkv) nor in bf16 (its chunked packs already fetch ahead).
+    const bool lazy = split && !stream && SL == Slot::f32 && m1 - m0 <= 2 * MC;
     const int64_t jc_last = last_jc(n0, n1), pc_last = (S - 1) / KCB * KCB;
     const bool queue = !queues.empty() && !stream && !finish && n1 > n0;
     for (int64_t jc = n0; jc < n1; jc += NCB) {
@@ -462,16 +483,19 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
         for (int64_t pc = 0; pc < S; pc += KCB) {
           const int64_t kc = lo(KCB, S - pc);
           // Several blocks of rows: pack the B block once for all of them.
-          if (!stream) Kern::template pack_panels<SL>(Bp, B, N, K, jc, nc, NR, pc, kc);
+          if (!stream && !lazy) Kern::template pack_panels<SL>(Bp, B, N, K, jc, nc, NR, pc, kc);
           if (queue && jc == jc_last && pc == pc_last) {
+            // (packing lazily, the owner's first rows pack B before others may take any)
             StealQueue& q = queues[size_t(t)];
-            q.open((m1 - m0 + MR - 1) / MR);
+            const int64_t first = lazy ? lo(MC, m1 - m0) : 0;
+            if (lazy) rows(m0, first, Bp, jc, nc, pc, kc, false, true);
+            q.open(first / MR, (m1 - m0 + MR - 1) / MR);
             for (int64_t p0, np; q.take_front(MC / MR, p0, np);)
-              rows(m0 + p0 * MR, lo(np * MR, m1 - m0 - p0 * MR), Bp, jc, nc, pc, kc, false);
+              rows(m0 + p0 * MR, lo(np * MR, m1 - m0 - p0 * MR), Bp, jc, nc, pc, kc, false, false);
             continue;
           }
           for (int64_t ic = finish ? icf : m0; ic < (finish ? lo(m1, icf + MC) : m1); ic += MC)
-            rows(ic, lo(MC, m1 - ic), Bp, jc, nc, pc, kc, stream);
+            rows(ic, lo(MC, m1 - ic), Bp, jc, nc, pc, kc, stream, lazy && ic == m0);
         }
     }
     if (queues.empty()) return;
@@ -495,7 +519,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           // read it from here)
           const uint32_t* Bv = queue && vn0 == n0 && vn1 == n1 ? Bp : ws + per_thread * v;
           rows(vm0 + p0 * MR, lo(np * MR, vm1 - vm0 - p0 * MR), Bv, jc, lo(NCB, vn1 - jc), pc_last,
-               lo(KCB, S - pc_last), false);
+               lo(KCB, S - pc_last), false, false);
           pending = true, idle = false, spins = 0;
         } else if (q.waiting()) {
           pending = true;
