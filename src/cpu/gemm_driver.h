@@ -68,17 +68,22 @@ inline int64_t lo(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
 
-// Grow-only workspace of the calling thread (attention calls products from its workers).
+// Grow-only workspace of the calling thread (attention calls products from its workers),
+// freed when the thread ends (OpenMP retires pool threads when the thread count drops).
 uint32_t* workspace(int64_t words) {
-  static thread_local uint32_t* buf = nullptr;
-  static thread_local int64_t cap = 0;
-  if (words > cap) {
-    std::free(buf);
-    cap = words + words / 4;
-    buf = static_cast<uint32_t*>(std::aligned_alloc(64, size_t((cap * 4 + 63) / 64 * 64)));
-    if (!buf) std::abort();
+  struct Buffer {
+    uint32_t* p = nullptr;
+    int64_t cap = 0;
+    ~Buffer() { std::free(p); }
+  };
+  static thread_local Buffer buf;
+  if (words > buf.cap) {
+    std::free(buf.p);
+    buf.cap = words + words / 4;
+    buf.p = static_cast<uint32_t*>(std::aligned_alloc(64, size_t((buf.cap * 4 + 63) / 64 * 64)));
+    if (!buf.p) std::abort();
   }
-  return buf;
+  return buf.p;
 }
 
 inline uint16_t to_bf16(float f) {  // round to nearest even (NaN stays NaN)
