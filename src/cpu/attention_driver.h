@@ -4,8 +4,9 @@
 //
 // One task per (sequence, kv head): K and V are packed once for its G query heads, and it
 // owns their dK, dV rows. A thread claims its next task when it starts one, and fetches that
-// task's K and V rows (and each next block's query rows) between micro-tiles (RowFetch). Every product reads packed panels of the kernel set and runs its
-// micro-kernel on whole tiles, in the orientation that needs no transposed copy of a result:
+// task's K and V rows (and each next block's query rows) between micro-tiles (RowFetch).
+// Every product reads packed panels of the kernel set and runs its micro-kernel on whole
+// tiles, in the orientation that needs no transposed copy of a result:
 //   scores  Sᵀ[key][query] = K Qᵀ: K as A panels (MR keys), a block of queries as B panels
 //           (NR queries), so the softmax runs down columns, vectorized across queries;
 //   O = P V, dQ = dS K: P, dS as A panels of MR queries, each summed over just the keys its
