@@ -113,7 +113,7 @@ void run_set(const cpu::GemmSet& set, bool bf16) {
             for (int threads : {2, 1}) {
               omp_set_num_threads(threads);
               std::vector<float> out(c0.begin(), c0.end());
-              gemm(c.M, c.N, c.K, A.view, B.view, out.data(), ldc, acc, 1.0f, false);
+              gemm(c.M, c.N, c.K, A.view, B.view, out.data(), ldc, acc, 1.0f, cpu::Store::f32);
               if (threads == 2)
                 C = out;
               else
@@ -176,8 +176,8 @@ TEST(Gemm, SkinnyProductsMatchTheGeneralPathBitForBit) {
               const Operand A = make(tall, K, Layout::kcontig, false, false, seed++);
               const Operand B = make(N, K, lb, bsrc, false, seed++);
               std::vector<float> all(size_t(tall * N)), few(size_t(M * N));
-              gemm(tall, N, K, A.view, B.view, all.data(), N, false, 1.0f, false);
-              gemm(M, N, K, A.view, B.view, few.data(), N, false, 1.0f, false);
+              gemm(tall, N, K, A.view, B.view, all.data(), N, false, 1.0f, cpu::Store::f32);
+              gemm(M, N, K, A.view, B.view, few.data(), N, false, 1.0f, cpu::Store::f32);
               ASSERT_TRUE(std::equal(few.begin(), few.end(), all.begin()))
                   << set->name << ": M=" << M << " N=" << N << " K=" << K << " layout " << int(lb)
                   << " bf16 kind " << bf16 << " bf16 weights " << bsrc;
@@ -200,7 +200,7 @@ TEST(Gemm, RowBandsOverSeveralColumnBlocks) {
         for (int threads : {2, 1}) {
           omp_set_num_threads(threads);
           C[threads - 1].assign(size_t(M * N), 0.0f);
-          gemm(M, N, K, A.view, B.view, C[threads - 1].data(), N, false, 1.0f, false);
+          gemm(M, N, K, A.view, B.view, C[threads - 1].data(), N, false, 1.0f, cpu::Store::f32);
         }
         omp_set_num_threads(cpu::threads());
         const std::string what = std::string(set->name) + (bf16 ? " bf16" : " f32") + " layout " +
@@ -259,7 +259,7 @@ TEST(Gemm, RowsTakenFromSlowerBandsGiveTheSameBits) {
                 set->bf16_sgd(c.M, c.N, c.K, A.view, B.view, W.data(), c.N, 0.01f);
               else
                 gemm(c.M, c.N, c.K, A.view, B.view, C.data(), c.N, acc, scaled ? -0.01f : 1.0f,
-                     kind == 3);
+                     kind == 3 ? cpu::Store::round : cpu::Store::f32);
               omp_set_num_threads(cpu::threads());
               if (threads == 1) {
                 one = C, one16 = W;
@@ -303,12 +303,47 @@ TEST(Gemm, RoundedStoresAreTheRoundedProducts) {
           const Operand B = make(N, K, Layout::kcontig, bf16, bf16, seed++);
           const std::vector<double> c0 = test::randn(size_t(M * N), seed++);
           std::vector<float> plain(c0.begin(), c0.end()), rounded = plain;
-          gemm(M, N, K, A.view, B.view, plain.data(), N, acc, 1.0f, false);
-          gemm(M, N, K, A.view, B.view, rounded.data(), N, acc, 1.0f, true);
+          gemm(M, N, K, A.view, B.view, plain.data(), N, acc, 1.0f, cpu::Store::f32);
+          gemm(M, N, K, A.view, B.view, rounded.data(), N, acc, 1.0f, cpu::Store::round);
           for (size_t i = 0; i < plain.size(); ++i)
             ASSERT_EQ(round_bf16(plain[i]), rounded[i])
                 << set->name << ": M=" << M << " K=" << K << " bf16 kind " << bf16 << " acc " << acc
                 << " at " << i;
+        }
+  }
+}
+
+// Stored as bf16 bits (bf16 runs' activations in bf16 storage): the rounded product's bits,
+// with C's row stride wider than N and nothing outside [M, N) written; on the skinny path,
+// one k block (single and row bands over two threads), several k blocks (summed aside), the
+// empty sum; A and B from fp32 or bf16 storage in the layouts the model gives them.
+TEST(Gemm, Bf16StoresAreTheRoundedProducts) {
+  FOR_EACH_SET(set) {
+    uint32_t seed = 500;
+    for (int64_t M : {32, 150, 400})
+      for (int64_t K : {0, 7, 256, 1100})
+        for (int kind = 0; kind < 4; ++kind) {
+          const bool asrc = kind & 1;  // A in bf16 storage (the MLP's activations)
+          const Layout la = kind & 2 ? Layout::rcontig : Layout::kcontig;
+          const int64_t N = 70, ldc = N + 5;
+          const Operand A = make(M, K, la, asrc, true, seed++);
+          const Operand B = make(N, K, Layout::kcontig, true, true, seed++);
+          for (int threads : {1, 3}) {
+            omp_set_num_threads(threads);
+            std::vector<float> want(size_t(M * N));
+            std::vector<uint16_t> got(size_t(M * ldc), 0xdead);
+            set->bf16(M, N, K, A.view, B.view, want.data(), N, false, 1.0f, cpu::Store::round);
+            set->bf16(M, N, K, A.view, B.view, reinterpret_cast<float*>(got.data()), ldc, false,
+                      1.0f, cpu::Store::bf16);
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t n = 0; n < ldc; ++n) {
+                const uint16_t g = got[size_t(m * ldc + n)];
+                ASSERT_EQ(g, n < N ? f32_to_bf16(want[size_t(m * N + n)]) : 0xdead)
+                    << set->name << ": M=" << M << " K=" << K << " bf16 A " << asrc << " layout "
+                    << int(la) << ", " << threads << " threads, at " << m << ", " << n;
+              }
+          }
+          omp_set_num_threads(cpu::threads());
         }
   }
 }
@@ -334,7 +369,7 @@ TEST(Gemm, ScaledAndSgdStoresSumOverEveryKBlock) {
           omp_set_num_threads(threads);
           F[threads - 1] = Wf;
           H[threads - 1] = Wh;
-          set->f32(M, N, K, A.view, B.view, F[threads - 1].data(), N, true, -lr, false);
+          set->f32(M, N, K, A.view, B.view, F[threads - 1].data(), N, true, -lr, cpu::Store::f32);
           set->bf16_sgd(M, N, K, A.view, B.view, H[threads - 1].data(), N, lr);
         }
         omp_set_num_threads(cpu::threads());
@@ -383,12 +418,12 @@ TEST(Gemm, Bf16RoundsFp32OperandsToNearest) {
     std::vector<float> c0(a.size()), c1(a.size()), c2(a.size());
     // A as one row of n k's (packed k-contiguous) against the identity: row 0 of C is bf16(a)
     set->bf16(1, n, n, {a.data(), false, n, 1}, {eye.data(), false, n, 1}, c0.data(), n, false,
-              1.0f, false);
+              1.0f, cpu::Store::f32);
     // A as n rows of one k: row-contiguous, then strided
     set->bf16(n, 1, 1, {a.data(), false, 1, n}, {one.data(), false, 1, 1}, c1.data(), 1, false,
-              1.0f, false);
+              1.0f, cpu::Store::f32);
     set->bf16(n, 1, 1, {pad.data(), false, 2, 7}, {one.data(), false, 1, 1}, c2.data(), 1, false,
-              1.0f, false);
+              1.0f, cpu::Store::f32);
     for (int64_t i = 0; i < n; ++i) {
       const float want = round_bf16(a[size_t(i)]);
       EXPECT_EQ(c0[size_t(i)], want) << set->name << " k-contiguous, value " << a[size_t(i)];

@@ -131,7 +131,8 @@ void query_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint
     Kern::template pack<SL>(Ap, View{St + a, false, 1, kAttnQB}, nq - a, e, 0, MR, 0, S);
     for (int64_t d = 0; d < D; d += NR)
       Kern::template micro<SL, false>(S, Ap, Yb + d * ST, C + a * ldc + d, ldc, mr,
-                                      int(lo(NR, D - d)), false, 1.0f, nullptr, 0, nullptr, 0, rnd);
+                                      int(lo(NR, D - d)), false, 1.0f, nullptr, 0, nullptr, 0,
+                                      rnd ? Store::round : Store::f32);
   }
 }
 

@@ -78,14 +78,14 @@ const char* kernels_name() {
 }
 
 void gemm_f32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
-              bool accumulate, float alpha, bool round) {
-  if (!active()) std::abort();  // callers check own_kernels()
-  active()->f32(M, N, K, A, B, C, ldc, accumulate, alpha, round);
+              bool accumulate, float alpha, Store store) {
+  if (!active() || store == Store::bf16) std::abort();  // callers check own_kernels()
+  active()->f32(M, N, K, A, B, C, ldc, accumulate, alpha, store);
 }
-void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
-               bool accumulate, float alpha, bool round) {
-  if (!active()) std::abort();
-  active()->bf16(M, N, K, A, B, C, ldc, accumulate, alpha, round);
+void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, void* C, int64_t ldc,
+               bool accumulate, float alpha, Store store) {
+  if (!active() || (store == Store::bf16 && (accumulate || alpha != 1.0f))) std::abort();
+  active()->bf16(M, N, K, A, B, static_cast<float*>(C), ldc, accumulate, alpha, store);
 }
 void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, int64_t ldw,
                    float lr) {

@@ -20,8 +20,13 @@ struct View {
   int64_t rs, ks;  // element (row i, k) at p[i * rs + k * ks]
 };
 
+// How C is stored: fp32; fp32 rounded to bf16 (to nearest even), as round_bf16_inplace after the
+// product would leave it (bf16 runs' layer outputs held in fp32); or as bf16 bits (C is then a
+// uint16_t array, ldc in its elements; the bf16 kind only, without accumulate or alpha).
+enum class Store { f32, round, bf16 };
+
 using GemmFn = void (*)(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
-                        bool accumulate, float alpha, bool round);
+                        bool accumulate, float alpha, Store store);
 using GemmSgdFn = void (*)(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W,
                            int64_t ldw, float lr);
 using AttnFwdFn = void (*)(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -44,13 +49,11 @@ const GemmSet* gemm_set(Isa isa);
 bool own_kernels();          // the products below may be called (some set is usable)
 const char* kernels_name();  // for the device line: "avx2 kernels", ..., "OpenBLAS kernels"
 
-// With accumulate and alpha != 1, each C element is fma(sum, alpha, C): one rounding. With
-// round, each C element is stored rounded to bf16 (to nearest even), as round_bf16_inplace
-// after the product would leave it: bf16 runs' layer outputs.
+// With accumulate and alpha != 1, each C element is fma(sum, alpha, C): one rounding.
 void gemm_f32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
-              bool accumulate, float alpha = 1.0f, bool round = false);
-void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
-               bool accumulate, float alpha = 1.0f, bool round = false);
+              bool accumulate, float alpha = 1.0f, Store store = Store::f32);
+void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, void* C, int64_t ldc,
+               bool accumulate, float alpha = 1.0f, Store store = Store::f32);
 
 // The optimizer step fused into the weight-gradient product (no gradient is kept):
 // W[M, N] (bf16) <- bf16(W + bf16(bf16(-lr) * bf16(sum_k A B))), the optax bf16 SGD step of

@@ -212,7 +212,7 @@ enum class ASrc { packed, f32_rows, bf16_rows, f32_cols };
 template <bool SGD16, ASrc AS = ASrc::packed>
 void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
            int64_t ldc, int mr, int nr, bool acc, float alpha, const float* init, int64_t ldi,
-           const char* const* pf, int npf, int64_t lda = 0, bool rnd = false) {
+           const char* const* pf, int npf, int64_t lda = 0, Store st = Store::f32) {
   using AT = std::conditional_t<AS == ASrc::bf16_rows, uint16_t, float>;
   const float* a = reinterpret_cast<const float*>(A);
   const float* b = reinterpret_cast<const float*>(B);
@@ -227,10 +227,11 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
       c1[r] = load_f32(init + r * ldi + 8, nr - 8);
     }
     if (r < mr) {  // C is far (often DRAM): fetch it while the sum runs
-      const char* cr = SGD16 ? reinterpret_cast<const char*>(C) + 2 * r * ldc
-                             : reinterpret_cast<const char*>(C + r * ldc);
+      const bool c16 = SGD16 || st == Store::bf16;
+      const char* cr = c16 ? reinterpret_cast<const char*>(C) + 2 * r * ldc
+                           : reinterpret_cast<const char*>(C + r * ldc);
       _mm_prefetch(cr, _MM_HINT_T0);
-      _mm_prefetch(cr + (SGD16 ? 31 : 63), _MM_HINT_T0);
+      _mm_prefetch(cr + (c16 ? 31 : 63), _MM_HINT_T0);
     }
   }
   const auto slot = [&](int64_t s)
@@ -280,7 +281,13 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
       c0[r] = _mm256_mul_ps(c0[r], _mm256_set1_ps(alpha));
       c1[r] = _mm256_mul_ps(c1[r], _mm256_set1_ps(alpha));
     }
-    if (rnd) c0[r] = round_bf16(c0[r]), c1[r] = round_bf16(c1[r]);
+    if (st != Store::f32) c0[r] = round_bf16(c0[r]), c1[r] = round_bf16(c1[r]);
+    if (st == Store::bf16) {
+      uint16_t* wr = reinterpret_cast<uint16_t*>(C) + r * ldc;
+      store_bf16(wr, nr, c0[r]);
+      if (n1 > 0) store_bf16(wr + 8, n1, c1[r]);
+      continue;
+    }
     store_f32(cr, nr, c0[r]);
     store_f32(cr + 8, n1, c1[r]);
   }
@@ -303,11 +310,11 @@ struct Kern {
   template <Slot SL, bool SGD16>
   static void micro(int64_t S, const uint32_t* A, const uint32_t* B, float* C, int64_t ldc, int mr,
                     int nr, bool acc, float alpha, const float* init, int64_t ldi,
-                    const char* const* pf, int npf, bool rnd = false) {
-    cpu::micro<SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf, 0, rnd);
+                    const char* const* pf, int npf, Store st = Store::f32) {
+    cpu::micro<SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf, 0, st);
   }
   // gemm_skinny: C[mr, nr] (+)= A[mr, S] (in place, fp32 or bf16, row stride lda) x Bp[S][NR]
-  // into an aligned [MR][NR] buffer T, then Cᵀ[nr, mr] <- T (rnd: each rounded to bf16). (Read
+  // into an aligned [MR][NR] buffer T, then Cᵀ[nr, mr] <- T, stored as st says. (Read
   // back as the vectors it was written with: scalar reads of fresh vector stores would stall on
   // store forwarding.)
   // (B in place for dx at few rows, as on AVX-512, measured 7 % slower here: a 32-row block
@@ -316,18 +323,21 @@ struct Kern {
   // (6-row tiles reading the SGD product's A in place measured 10-20 % slower than packing it)
   static constexpr bool kScaledColsA = false;
   static bool in_place(bool bf16_kind, const View& A, int64_t) { return !bf16_kind || A.bf16; }
-  static void store_t(float* C, int64_t ldc, const float* T, int mr, int nr, bool rnd) {
+  static void store_t(float* C, int64_t ldc, const float* T, int mr, int nr, Store st) {
     for (int h = 0; h < nr; h += 8) {
       __m256 t[8];
       for (int r = 0; r < 8; ++r) {
         t[r] = _mm256_setzero_ps();
         if (r >= mr) continue;
         const __m256 x = _mm256_load_ps(T + r * NR + h);
-        t[r] = rnd ? round_bf16(x) : x;
+        t[r] = st != Store::f32 ? round_bf16(x) : x;
       }
       transpose8(t);  // t[c]: token h + c, rows 0..7
       for (int c = 0; c < 8 && h + c < nr; ++c)
-        store_slot(reinterpret_cast<uint32_t*>(C + (h + c) * ldc), mr, t[c]);
+        if (st == Store::bf16)
+          store_bf16(reinterpret_cast<uint16_t*>(C) + (h + c) * ldc, mr, t[c]);
+        else
+          store_slot(reinterpret_cast<uint32_t*>(C + (h + c) * ldc), mr, t[c]);
     }
   }
   static void micro_inplace(int64_t S, const void* A, bool bf16, int64_t lda, const uint32_t* B,
@@ -357,7 +367,8 @@ struct Kern {
   static void micro_cols(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,
                          int64_t ldc, int mr, int nr, bool acc, bool rnd = false) {
     cpu::micro<false, ASrc::f32_cols>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr, nr,
-                                      acc, 1.0f, nullptr, 0, nullptr, 0, lda, rnd);
+                                      acc, 1.0f, nullptr, 0, nullptr, 0, lda,
+                                      rnd ? Store::round : Store::f32);
   }
 };
 

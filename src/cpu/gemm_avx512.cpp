@@ -266,7 +266,7 @@ template <bool BF, bool SGD16 = false, ASrc AS = ASrc::packed, bool BIP = false>
 void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
            int64_t ldc, int mr, int nr, bool acc, float alpha, const float* init = nullptr,
            int64_t ldi = 0, const char* const* pf = nullptr, int npf = 0, int64_t lda = 0,
-           bool rnd = false, int64_t ldb = NR) {
+           Store st = Store::f32, int64_t ldb = NR) {
   const uint32_t* ar[MR];
   for (int r = 0; r < MR; ++r) ar[r] = A + (r < mr ? r * lda : 0);
   const __mmask16 m0 = nr >= 16 ? __mmask16(0xffff) : __mmask16((1u << nr) - 1);
@@ -282,8 +282,8 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
       c1[r] = _mm512_maskz_loadu_ps(m1, init + r * ldi + 16);
     }
     if (r < mr) {  // C is far (often DRAM): fetch it while the sum runs
-      const char* cr = SGD16 ? reinterpret_cast<const char*>(C) + 2 * r * ldc
-                             : reinterpret_cast<const char*>(C + r * ldc);
+      const char* cr = SGD16 || st == Store::bf16 ? reinterpret_cast<const char*>(C) + 2 * r * ldc
+                                                  : reinterpret_cast<const char*>(C + r * ldc);
       _mm_prefetch(cr, _MM_HINT_T0);
       _mm_prefetch(cr + 64, _MM_HINT_T0);
     }
@@ -332,7 +332,13 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
       c0[r] = _mm512_mul_ps(c0[r], _mm512_set1_ps(alpha));
       c1[r] = _mm512_mul_ps(c1[r], _mm512_set1_ps(alpha));
     }
-    if (rnd) c0[r] = round_bf16(c0[r]), c1[r] = round_bf16(c1[r]);
+    if (st != Store::f32) c0[r] = round_bf16(c0[r]), c1[r] = round_bf16(c1[r]);
+    if (st == Store::bf16) {
+      uint16_t* wr = reinterpret_cast<uint16_t*>(C) + r * ldc;
+      store_bf16(wr, m0, c0[r]);
+      store_bf16(wr + 16, m1, c1[r]);
+      continue;
+    }
     _mm512_mask_storeu_ps(cr, m0, c0[r]);
     _mm512_mask_storeu_ps(cr + 16, m1, c1[r]);
   }
@@ -356,14 +362,14 @@ struct Kern {
   template <Slot SL, bool SGD16>
   static void micro(int64_t S, const uint32_t* A, const uint32_t* B, float* C, int64_t ldc, int mr,
                     int nr, bool acc, float alpha, const float* init, int64_t ldi,
-                    const char* const* pf, int npf, bool rnd = false) {
+                    const char* const* pf, int npf, Store st = Store::f32) {
     cpu::micro<SL == Slot::bf16x2, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf,
-                                          0, rnd);
+                                          0, st);
   }
   // gemm_skinny: C[mr, nr] (+)= A[mr, S] (in place: fp32 elements, or bf16 pairs for the
   // bf16 kind; row stride lda elements) x Bp[S][NR] into an aligned [MR][NR] buffer T, then
-  // Cᵀ[nr, mr] <- T (rnd: each rounded to bf16). Pairs in place need an even K (a pair must not
-  // run past its row).
+  // Cᵀ[nr, mr] <- T, stored as st says (C: uint16_t for Store::bf16). Pairs in place need an
+  // even K (a pair must not run past its row).
   static constexpr bool kInPlaceA = true;
   // the scaled sums read a rows-contiguous fp32 A in place (micro_cols): W2's SGD product -5 %
   static constexpr bool kScaledColsA = true;
@@ -372,7 +378,7 @@ struct Kern {
                ? A.bf16 && K % 2 == 0 && A.rs % 2 == 0 && reinterpret_cast<uintptr_t>(A.p) % 4 == 0
                : !A.bf16;
   }
-  static void store_t(float* C, int64_t ldc, const float* T, int mr, int nr, bool rnd) {
+  static void store_t(float* C, int64_t ldc, const float* T, int mr, int nr, Store st) {
     const __mmask16 m = __mmask16((1u << mr) - 1);
     for (int h = 0; h < nr; h += 16) {
       __m512i t[16];
@@ -380,11 +386,14 @@ struct Kern {
         t[r] = _mm512_setzero_si512();
         if (r >= mr) continue;
         const __m512 x = _mm512_load_ps(T + r * NR + h);
-        t[r] = _mm512_castps_si512(rnd ? round_bf16(x) : x);
+        t[r] = _mm512_castps_si512(st != Store::f32 ? round_bf16(x) : x);
       }
       transpose16(t);  // t[c]: token h + c, rows 0..15
       for (int c = 0; c < 16 && h + c < nr; ++c)
-        _mm512_mask_storeu_epi32(C + (h + c) * ldc, m, t[c]);
+        if (st == Store::bf16)
+          store_bf16(reinterpret_cast<uint16_t*>(C) + (h + c) * ldc, m, _mm512_castsi512_ps(t[c]));
+        else
+          _mm512_mask_storeu_epi32(C + (h + c) * ldc, m, t[c]);
     }
   }
   static void micro_inplace(int64_t S, const void* A, bool bf16, int64_t lda, const uint32_t* B,
@@ -404,8 +413,8 @@ struct Kern {
                         int64_t ldc, int mr, int nr, bool acc, const char* const* pf, int npf,
                         bool rnd) {
     cpu::micro<false, false, ASrc::packed, true>(S, A, reinterpret_cast<const uint32_t*>(B), C, ldc,
-                                                 mr, nr, acc, 1.0f, nullptr, 0, pf, npf, 0, rnd,
-                                                 ldb);
+                                                 mr, nr, acc, 1.0f, nullptr, 0, pf, npf, 0,
+                                                 rnd ? Store::round : Store::f32, ldb);
   }
   // dst[0..n) = src (rnd: rounded to bf16), the 64-byte lines past the caches: results written
   // once, a few lines each far apart, and read only by a later kernel (attention's dK, dV),
@@ -427,7 +436,8 @@ struct Kern {
                          float alpha = 1.0f, const float* init = nullptr, int64_t ldi = 0,
                          const char* const* pf = nullptr, int npf = 0) {
     cpu::micro<false, false, ASrc::cols>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr, nr,
-                                         acc, alpha, init, ldi, pf, npf, lda, rnd);
+                                         acc, alpha, init, ldi, pf, npf, lda,
+                                         rnd ? Store::round : Store::f32);
   }
 };
 

@@ -19,13 +19,13 @@
 //                                             zero outside the matrix
 //   pack_panels<SL>(dst, v, rows, K, r0, n, R, s0, S)   the R-row panels of rows r0..r0+n,
 //                                             dst [n / R][S][R] (as pack, panel by panel)
-//   micro<SL, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf, rnd)
+//   micro<SL, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf, st)
 //                          C[mr, nr] (+)= Ap[S][MR] x Bp[S][NR] (below).
 //   kInPlaceA              true if it also has, with A read in place (gemm_skinny, attention,
 //                          the fp32 scaled sums of rows-contiguous A):
 //     in_place(bf16_kind, A, K)   whether micro_inplace can read these rows
 //     micro_inplace(S, A, bf16, lda, B, C, ldc, mr, nr, acc, pf, npf),
-//     store_t(C, ldc, T, mr, nr, rnd),
+//     store_t(C, ldc, T, mr, nr, st),
 //     micro_cols(S, A, lda, B, C, ldc, mr, nr, acc, rnd[, alpha, init, ldi, pf, npf])
 //                          (each documented with its kernel set)
 //   kScaledColsA           whether scaled sums (alpha, SGD) read a rows-contiguous fp32 A in
@@ -158,10 +158,9 @@ int panel_lines(const char** out, int cap, const View& v, int64_t rows, int64_t 
   return n;
 }
 
-// Tile address: C holds fp32, or bf16 weights for the fused SGD step.
-template <bool SGD16>
-inline float* tile(float* C, int64_t off) {
-  return SGD16 ? reinterpret_cast<float*>(reinterpret_cast<uint16_t*>(C) + off) : C + off;
+// Tile address: C holds fp32, or (c16) bf16: weights for the fused SGD step, Store::bf16.
+inline float* tile(float* C, int64_t off, bool c16) {
+  return c16 ? reinterpret_cast<float*>(reinterpret_cast<uint16_t*>(C) + off) : C + off;
 }
 
 // Slots per k block: at most KCMAX, blocks of equal size (a 256-wide K is one block).
@@ -178,7 +177,8 @@ int64_t kc_for(int64_t S) {
 // its k blocks in a small buffer exactly as gemm() sums them into C: the same bits as gemm(). (dx =
 // dout W the same way, broadcasting across W's rows, measured 30 % slower than packing.)
 template <class Kern, bool BF>
-void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc, bool rnd) {
+void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
+                 Store st) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
   constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
   constexpr int64_t per = per_slot(SL);  // K is a multiple of it (Kern::in_place)
@@ -212,7 +212,7 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int6
                               Ap + pc * np * NR + jr * kc, acc, NR, mr, nr, pc > 0, lines,
                               int(lo(npf, kc)));
         }
-        Kern::store_t(C + jr * ldc + i, ldc, acc, mr, nr, rnd);
+        Kern::store_t(tile(C, jr * ldc + i, st == Store::bf16), ldc, acc, mr, nr, st);
       }
     }
   };
@@ -263,23 +263,25 @@ struct alignas(64) StealQueue {
 // slots starts from zero, or from `init` (fp32 partial sums, row stride ldi) when given; it
 // is stored as C = sum (alpha != 1: sum * alpha), with acc C += sum (alpha != 1:
 // fma(sum, alpha, C)); with SGD16, C is a bf16 weight that takes the SGD step of gemm.h with
-// alpha = bf16(-lr). pf[0..npf) are lines to prefetch into L2, one per slot. rnd: the stored
-// value is rounded to bf16 (the last store of a tile only; not with SGD16).
+// alpha = bf16(-lr). pf[0..npf) are lines to prefetch into L2, one per slot. st: how the
+// value is stored (gemm.h; rounded or bf16 on the last store of a tile only; f32 with SGD16).
 template <class Kern, bool BF, bool SGD16 = false>
 void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc, bool accumulate,
-          float alpha, bool rnd) {
+          float alpha, Store st) {
   constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
   constexpr int MR = Kern::MR, NR = Kern::NR;
   if (M <= 0 || N <= 0) return;
   if constexpr (Kern::kInPlaceA && !SGD16)
     if (M <= 4 * NR && !accumulate && alpha == 1.0f && B.ks == 1 && K > 0 &&
         Kern::in_place(BF, B, K))
-      return gemm_skinny<Kern, BF>(M, N, K, A, B, C, ldc, rnd);
+      return gemm_skinny<Kern, BF>(M, N, K, A, B, C, ldc, st);
+  const bool c16 = SGD16 || st == Store::bf16;  // C's elements are bf16
   const int64_t S = (K + per_slot(SL) - 1) / per_slot(SL);  // slots
   if (S == 0) {                                             // empty sum
     if (!accumulate)
-      for (int64_t m = 0; m < M; ++m) std::memset(C + m * ldc, 0, size_t(N) * 4);
-    else if (rnd)
+      for (int64_t m = 0; m < M; ++m)
+        std::memset(tile(C, m * ldc, c16), 0, size_t(N) * (c16 ? 2 : 4));
+    else if (st == Store::round)
       for (int64_t m = 0; m < M; ++m)
         for (int64_t n = 0; n < N; ++n) C[m * ldc + n] = round_to_bf16(C[m * ldc + n]);
     return;
@@ -291,6 +293,14 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   // faster than finishing C blocks over several; NC shrinks to keep packed B within 4 MiB.
   const bool scaled = alpha != 1.0f || SGD16;
   const int64_t KCB = scaled && S <= SCMAX ? S : kc_for(S);
+  if (st == Store::bf16 && S > KCB) {  // sums over k blocks need fp32: summed aside, then stored
+    std::vector<float> t(size_t(M * N));
+    gemm<Kern, BF>(M, N, K, A, B, t.data(), N, false, 1.0f, Store::round);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n)
+        reinterpret_cast<uint16_t*>(C)[m * ldc + n] = uint16_t(to_bf16(t[size_t(m * N + n)]));
+    return;
+  }
   const int64_t panels = (int64_t(1) << 20) / KCB / NR,
                 NCB = lo(NC, (panels > 0 ? panels : 1) * NR);
   const bool finish = scaled && S > KCB;
@@ -364,7 +374,8 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
         const int64_t sn = lo(sub, kc - s0);
         const int mr = int(lo(MR, mc - ir)), nr = int(lo(NR, nc - jr));
         const uint32_t *a = Ap + s0 * mt + ir * sn, *b = Bb + jr * kc + s0 * NR;
-        float* c = tile<SGD16>(C, (ic + ir) * ldc + jc + jr);
+        float* c = tile(C, (ic + ir) * ldc + jc + jr, c16);
+        const Store sl = last ? st : Store::f32;  // how the last store of the tile is made
         float* tp = Tp + ir * NCB + jr;
         const bool earlier = (finish && pc > 0) || s0 > 0;  // partial sums in Tp
         if constexpr (Kern::kScaledColsA)
@@ -374,11 +385,11 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
               Kern::micro_cols(sn, ap, A.ks, b, tp, NCB, mr, nr, earlier, false, 1.0f, nullptr, 0,
                                pf, np);
             else if (earlier)
-              Kern::micro_cols(sn, ap, A.ks, b, c, ldc, mr, nr, accumulate, rnd, alpha, tp, NCB, pf,
-                               np);
+              Kern::micro_cols(sn, ap, A.ks, b, c, ldc, mr, nr, accumulate, st == Store::round,
+                               alpha, tp, NCB, pf, np);
             else
-              Kern::micro_cols(sn, ap, A.ks, b, c, ldc, mr, nr, accumulate || pc > 0, rnd && last,
-                               last ? alpha : 1.0f, nullptr, 0, pf, np);
+              Kern::micro_cols(sn, ap, A.ks, b, c, ldc, mr, nr, accumulate || pc > 0,
+                               sl == Store::round, last ? alpha : 1.0f, nullptr, 0, pf, np);
             return;
           }
         if (acols) {  // the last rows: packed here (in place, their slots would run past A)
@@ -388,23 +399,23 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
         if constexpr (Kern::kInPlaceB)
           if (bip)  // (one k block per tile store: not scaled)
             return Kern::micro_bip(sn, a, static_cast<const float*>(B.p) + pc * B.ks + jc + jr,
-                                   B.ks, c, ldc, mr, nr, accumulate || pc > 0, pf, np, rnd && last);
+                                   B.ks, c, ldc, mr, nr, accumulate || pc > 0, pf, np,
+                                   sl == Store::round);
         if ((finish && !last) || s0 + sn < kc)
           Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, earlier, 1.0f, nullptr, 0, pf,
                                           np);
         else if (earlier)
           Kern::template micro<SL, SGD16>(sn, a, b, c, ldc, mr, nr, accumulate, alpha, tp, NCB, pf,
-                                          np, rnd);
+                                          np, st);
         else
           Kern::template micro<SL, SGD16>(sn, a, b, c, ldc, mr, nr, accumulate || pc > 0,
-                                          last ? alpha : 1.0f, nullptr, 0, pf, np, rnd && last);
+                                          last ? alpha : 1.0f, nullptr, 0, pf, np, sl);
       };
       const auto prefetch_c = [&](int64_t pi, int64_t pj) {
         for (int r = 0; r < int(lo(MR, mc - pi)); ++r) {
-          const char* cr =
-              reinterpret_cast<const char*>(tile<SGD16>(C, (ic + pi + r) * ldc + jc + pj));
+          const char* cr = reinterpret_cast<const char*>(tile(C, (ic + pi + r) * ldc + jc + pj, c16));
           _mm_prefetch(cr, _MM_HINT_T0);
-          _mm_prefetch(cr + (SGD16 ? 2 : 4) * NR - 1, _MM_HINT_T0);
+          _mm_prefetch(cr + (c16 ? 2 : 4) * NR - 1, _MM_HINT_T0);
         }
       };
       if (split) {  // each tile summed by sub-blocks, in the same order either way
@@ -546,7 +557,8 @@ void gemm_sgd16(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, in
   const uint32_t step = uint32_t(to_bf16(-lr)) << 16;
   float alpha;
   std::memcpy(&alpha, &step, 4);
-  gemm<Kern, true, true>(M, N, K, A, B, reinterpret_cast<float*>(W), ldw, true, alpha, false);
+  gemm<Kern, true, true>(M, N, K, A, B, reinterpret_cast<float*>(W), ldw, true, alpha,
+                         Store::f32);
 }
 
 }  // namespace

@@ -113,16 +113,16 @@ void matmul_backward_sgd(float* dx, float* W, const float* dout, const float* x,
 }
 void matmul_forward_bf16w(float* out, const float* x, const uint16_t* W, int64_t N, int64_t IC,
                           int64_t OC) {
-  gemm_bf16(N, OC, IC, {x, false, IC, 1}, {W, true, IC, 1}, out, OC, false, 1.0f, true);
+  gemm_bf16(N, OC, IC, {x, false, IC, 1}, {W, true, IC, 1}, out, OC, false, 1.0f, Store::round);
 }
 void matmul_backward_bf16w(float* dx, float* dW, const float* dout, const float* x,
                            const uint16_t* W, int64_t N, int64_t IC, int64_t OC) {
-  gemm_bf16(N, IC, OC, {dout, false, OC, 1}, {W, true, 1, IC}, dx, IC, false, 1.0f, true);
+  gemm_bf16(N, IC, OC, {dout, false, OC, 1}, {W, true, 1, IC}, dx, IC, false, 1.0f, Store::round);
   gemm_bf16(OC, IC, N, {dout, false, 1, OC}, {x, false, 1, IC}, dW, IC, true);
 }
 void matmul_backward_sgd_bf16w(float* dx, uint16_t* W, const float* dout, const float* x, int64_t N,
                                int64_t IC, int64_t OC, float lr) {
-  gemm_bf16(N, IC, OC, {dout, false, OC, 1}, {W, true, 1, IC}, dx, IC, false, 1.0f, true);
+  gemm_bf16(N, IC, OC, {dout, false, OC, 1}, {W, true, 1, IC}, dx, IC, false, 1.0f, Store::round);
   gemm_bf16_sgd(OC, IC, N, {dout, false, 1, OC}, {x, false, 1, IC}, W, IC, lr);
 }
 
