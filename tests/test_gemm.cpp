@@ -315,13 +315,14 @@ TEST(Gemm, RoundedStoresAreTheRoundedProducts) {
 
 // Stored as bf16 bits (bf16 runs' activations in bf16 storage): the rounded product's bits,
 // with C's row stride wider than N and nothing outside [M, N) written; on the skinny path,
-// one k block (single and row bands over two threads), several k blocks (summed aside), the
-// empty sum; A and B from fp32 or bf16 storage in the layouts the model gives them.
+// one k block (single and row bands over two threads), several (summed in sub-blocks), more
+// than one packed block holds (summed aside), the empty sum; A and B from fp32 or bf16 storage
+// in the layouts the model gives them.
 TEST(Gemm, Bf16StoresAreTheRoundedProducts) {
   FOR_EACH_SET(set) {
     uint32_t seed = 500;
     for (int64_t M : {32, 150, 400})
-      for (int64_t K : {0, 7, 256, 1100})
+      for (int64_t K : {0, 7, 256, 1100, 5000})
         for (int kind = 0; kind < 4; ++kind) {
           const bool asrc = kind & 1;  // A in bf16 storage (the MLP's activations)
           const Layout la = kind & 2 ? Layout::rcontig : Layout::kcontig;

@@ -303,6 +303,20 @@ TEST_P(SwiGlu, MatchesReferenceAndFiniteDifferences) {
   cpu::round_bf16_inplace(dabf.data(), N * 2 * F);
   EXPECT_EQ(yr, yf);
   EXPECT_EQ(dabr, dabf);
+  // bf16 storage (bf16 runs' feed-forward activations): the bits of the rounded pass above on
+  // the same bf16 inputs
+  cpu::round_bf16_inplace(abf.data(), N * 2 * F);
+  cpu::round_bf16_inplace(Gf.data(), N * F);
+  cpu::swiglu_forward(yr.data(), abf.data(), N, F, true);
+  cpu::swiglu_backward(dabr.data(), Gf.data(), abf.data(), N, F, true);
+  std::vector<uint16_t> ab16(abf.size()), G16(Gf.size()), y16(yr.size()), dab16(dabr.size());
+  for (size_t i = 0; i < ab16.size(); ++i) ab16[i] = f32_to_bf16(abf[i]);
+  for (size_t i = 0; i < G16.size(); ++i) G16[i] = f32_to_bf16(Gf[i]);
+  cpu::swiglu_forward_bf16(y16.data(), ab16.data(), N, F);
+  cpu::swiglu_backward_bf16(dab16.data(), G16.data(), ab16.data(), N, F);
+  for (size_t i = 0; i < y16.size(); ++i) ASSERT_EQ(y16[i], f32_to_bf16(yr[i])) << "out " << i;
+  for (size_t i = 0; i < dab16.size(); ++i)
+    ASSERT_EQ(dab16[i], f32_to_bf16(dabr[i])) << "dab " << i;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, SwiGlu,
                          ::testing::Values(std::tuple{1, 1}, std::tuple{3, 17},
@@ -462,9 +476,28 @@ TEST(MatmulBf16w, StoresOutAndDxRoundedToBf16) {
     std::vector<uint16_t> w(wf.size());
     for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(wf[i]);
     std::vector<float> out(size_t(N * OC)), dx(size_t(N * IC)), dx2(dx.size()), dW(wf.size());
-    cpu::matmul_forward_bf16w(out.data(), x.data(), w.data(), N, IC, OC);
-    cpu::matmul_backward_bf16w(dx.data(), dW.data(), g.data(), x.data(), w.data(), N, IC, OC);
-    cpu::matmul_backward_sgd_bf16w(dx2.data(), w.data(), g.data(), x.data(), N, IC, OC, 0.0f);
+    cpu::matmul_forward_bf16w({out.data()}, {x.data()}, w.data(), N, IC, OC);
+    cpu::matmul_backward_bf16w({dx.data()}, dW.data(), {g.data()}, {x.data()}, w.data(), N, IC, OC);
+    cpu::matmul_backward_sgd_bf16w({dx2.data()}, w.data(), {g.data()}, {x.data()}, N, IC, OC,
+                                   0.0f);
+    // the same with every activation in bf16 storage: the same bits, and the same dW
+    std::vector<uint16_t> x16(x.size()), g16(g.size()), out16(out.size()), dx16(dx.size()),
+        dx16s(dx.size());
+    for (size_t i = 0; i < x.size(); ++i) x16[i] = f32_to_bf16(x[i]);
+    for (size_t i = 0; i < g.size(); ++i) g16[i] = f32_to_bf16(g[i]);
+    std::vector<float> dW16(wf.size());
+    cpu::matmul_forward_bf16w({out16.data(), true}, {x16.data(), true}, w.data(), N, IC, OC);
+    cpu::matmul_backward_bf16w({dx16.data(), true}, dW16.data(), {g16.data(), true},
+                               {x16.data(), true}, w.data(), N, IC, OC);
+    cpu::matmul_backward_sgd_bf16w({dx16s.data(), true}, w.data(), {g16.data(), true},
+                                   {x16.data(), true}, N, IC, OC, 0.0f);
+    for (size_t i = 0; i < out.size(); ++i)
+      ASSERT_EQ(out16[i], f32_to_bf16(out[i])) << "bf16 out, N=" << N << " at " << i;
+    for (size_t i = 0; i < dx.size(); ++i) {
+      ASSERT_EQ(dx16[i], f32_to_bf16(dx[i])) << "bf16 dx, N=" << N << " at " << i;
+      ASSERT_EQ(dx16s[i], dx16[i]) << "bf16 dx of the fused step, N=" << N << " at " << i;
+    }
+    ASSERT_EQ(dW16, dW) << "dW from bf16 storage, N=" << N;
     std::vector<float> want_out(out.size()), want_dx(dx.size());
     cpu::gemm_bf16(N, OC, IC, {x.data(), false, IC, 1}, {w.data(), true, IC, 1}, want_out.data(),
                    OC, false);

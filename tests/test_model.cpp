@@ -165,6 +165,48 @@ TEST(Qwen3, FusedSgdStepEqualsBackwardThenSgd) {
       }
 }
 
+// bf16 runs keep the feed-forward activations in bf16 storage where the backend can (the CPU
+// kernels); without those kernels (CUDA) they stay fp32 storage of bf16 values: the same step,
+// bit for bit, fused step or not (odd F and N: bf16 arrays of odd length, odd row strides).
+TEST(Qwen3, Bf16FeedForwardStorageGivesTheSameStep) {
+  if (!bf16_ffn(cpu_ops(), DType::bf16)) GTEST_SKIP() << "no bf16 kernels (OpenBLAS path)";
+  Ops f32ffn = cpu_ops();
+  f32ffn.swiglu_forward_bf16 = nullptr;
+  f32ffn.swiglu_backward_bf16 = nullptr;
+  ASSERT_FALSE(bf16_ffn(f32ffn, DType::bf16));
+  Config odd = tiny(false);
+  odd.F = 45;
+  for (const auto& [c, B, T] : {std::tuple{tiny(false), 2, 11}, std::tuple{odd, 1, 7}})
+    for (bool fused : {false, true}) {
+      const std::vector<float> w = tiny_params(c);
+      const Batch b = fixed_batch(B, T, c.V);
+      Qwen3 m1(c, DType::bf16, B, T, cpu_ops()), m2(c, DType::bf16, B, T, f32ffn);
+      m1.set_params(w.data());
+      m2.set_params(w.data());
+      std::vector<float> p1(w.size()), p2(w.size());
+      for (int s = 0; s < 3; ++s) {
+        const std::string what = "F=" + std::to_string(c.F) + (fused ? " fused" : "") + " step " +
+                                 std::to_string(s);
+        ASSERT_EQ(m1.forward(b), m2.forward(b)) << what;
+        if (fused) {
+          m1.backward_sgd(0.3f);
+          m2.backward_sgd(0.3f);
+        } else {
+          m1.backward();
+          m2.backward();
+          m1.get_grads(p1.data());
+          m2.get_grads(p2.data());
+          ASSERT_EQ(p1, p2) << what << " gradients";
+          m1.sgd_update(0.3f);
+          m2.sgd_update(0.3f);
+        }
+        m1.get_params(p1.data());
+        m2.get_params(p2.data());
+        ASSERT_EQ(p1, p2) << what;
+      }
+    }
+}
+
 // A backend without the fused QK-norm + RoPE op (CUDA) gets the model's composition of the
 // split, norms and rotations, from the same saved activations: the same step, bit for bit.
 TEST(Qwen3, ComposedQkNormRopeEqualsTheFusedOp) {
@@ -219,18 +261,23 @@ TEST(Qwen3, Bf16KeepsParametersAndGradientsInBf16) {
 }
 
 TEST(MemoryPlan, CountsEveryArena) {
-  const MemoryPlan mp = memory_plan(preset("debugmodel"), DType::f32, 1, 32);
+  const MemoryPlan mp = memory_plan(preset("debugmodel"), DType::f32, 1, 32, false);
   EXPECT_EQ(mp.params, 31987968u * 4);
   EXPECT_EQ(mp.grads, mp.params);
   EXPECT_GT(mp.activations, 32u * 2048 * 4);  // at least the logits
   EXPECT_LT(mp.activations, 64u << 20);
   // bf16: half the parameter and gradient bytes, plus two fp32 buffers of the largest
   // parameter (w1|w3, 2 x 3072 x 256) for the layers' fp32 views
-  const MemoryPlan mb = memory_plan(preset("debugmodel"), DType::bf16, 1, 32);
+  const MemoryPlan mb = memory_plan(preset("debugmodel"), DType::bf16, 1, 32, false);
   EXPECT_EQ(mb.params, 31987968u * 2);
   EXPECT_EQ(mb.grads, mb.params);
   EXPECT_EQ(mb.activations, mp.activations);
   EXPECT_EQ(mb.scratch, mp.scratch + 2u * (2 * 3072 * 256) * 4);
+  // with the feed-forward activations in bf16 storage: ab [N, 2F] and m [N, F] of each of the
+  // 8 layers, and their gradients' scratch, take half the bytes
+  const MemoryPlan mh = memory_plan(preset("debugmodel"), DType::bf16, 1, 32, true);
+  EXPECT_EQ(mh.activations, mb.activations - 8u * 32 * 3 * 3072 * 2);
+  EXPECT_EQ(mh.scratch, mb.scratch - 32u * 3 * 3072 * 2);
 }
 
 }  // namespace

@@ -110,11 +110,13 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
     throw Error("--threads must be in 1..4096, got " + std::to_string(a.threads));
   for (const std::string& out : {a.output, a.dump_first_step})
     if (!out.empty()) check_output_file(out);
-  const MemoryPlan plan = memory_plan(c, parse_dtype(a.dtype), a.batch_size, a.seq_len);
+  const bool cuda = a.backend == "cuda";
+  const DType dtype = parse_dtype(a.dtype);  // (the CUDA backend keeps fp32 activations)
+  const MemoryPlan plan =
+      memory_plan(c, dtype, a.batch_size, a.seq_len, !cuda && bf16_ffn(cpu_ops(), dtype));
   // + init's and the checkpoint writer's per-tensor fp32 buffers (on the host)
   const double largest = double(std::max(c.V * c.C, 2 * c.qkv_rows() * c.C));
   const double buffers = 2 * largest * sizeof(float);
-  const bool cuda = a.backend == "cuda";
   const auto refuse = [&](double need, double have, const char* where) {
     char msg[320];
     std::snprintf(msg, sizeof msg,

@@ -163,6 +163,18 @@ inline float* tile(float* C, int64_t off, bool c16) {
   return c16 ? reinterpret_cast<float*>(reinterpret_cast<uint16_t*>(C) + off) : C + off;
 }
 
+// C[mr, nr] (bf16) <- T (fp32, row stride ldt) rounded
+inline void store_rounded(uint16_t* C, int64_t ldc, const float* T, int64_t ldt, int mr, int nr) {
+  for (int r = 0; r < mr; ++r)
+#pragma omp simd
+    for (int j = 0; j < nr; ++j) {
+      const float x = round_to_bf16(T[r * ldt + j]);
+      uint32_t u;
+      std::memcpy(&u, &x, 4);
+      C[r * ldc + j] = uint16_t(u >> 16);
+    }
+}
+
 // Slots per k block: at most KCMAX, blocks of equal size (a 256-wide K is one block).
 int64_t kc_for(int64_t S) {
   const int64_t nb = (S + KCMAX - 1) / KCMAX;
@@ -292,8 +304,12 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   // A scaled sum up to SCMAX slots (the fused SGD over 2048 tokens) is one k block: measured
   // faster than finishing C blocks over several; NC shrinks to keep packed B within 4 MiB.
   const bool scaled = alpha != 1.0f || SGD16;
-  const int64_t KCB = scaled && S <= SCMAX ? S : kc_for(S);
-  if (st == Store::bf16 && S > KCB) {  // sums over k blocks need fp32: summed aside, then stored
+  // bf16 storage cannot hold partial sums either: a sum over several k blocks is packed as one
+  // block like a scaled sum, summed in Tp by sub-blocks that are the fp32 path's k blocks (in
+  // its order), and rounded into C when whole: the bits of Store::round.
+  const bool whole = scaled || st == Store::bf16;
+  const int64_t KCB = whole && S <= SCMAX ? S : kc_for(S);
+  if (st == Store::bf16 && S > KCB) {  // (K > 4096: summed aside, then stored)
     std::vector<float> t(size_t(M * N));
     gemm<Kern, BF>(M, N, K, A, B, t.data(), N, false, 1.0f, Store::round);
     for (int64_t m = 0; m < M; ++m)
@@ -306,7 +322,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   const bool finish = scaled && S > KCB;
   // A long scaled sum packed as one block is still summed by sub-blocks of KCMAX slots (the
   // partial sums in Tp, as for finish), so that B sub-panels stay in L1 across their tiles.
-  const bool split = scaled && !finish && S > KCMAX;
+  const bool split = whole && !finish && S > KCMAX;
   const int64_t per_thread = (MC + NCB) * KCB + (finish || split ? MC * NCB : 0);
   // Called from inside a parallel loop (attention's blocks): this thread does it all, without
   // the cost of entering a nested region.
@@ -358,7 +374,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           Kern::kInPlaceB && stream && SL == Slot::f32 && B.rs == 1 && !B.bf16 && !scaled;
       // A by sub-blocks of `sub` slots, each contiguous: [s0][ir][slot][MR] (one sub-block
       // of kc slots unless split).
-      const int64_t sub = split ? KCMAX : kc;
+      const int64_t sub = !split ? kc : scaled ? KCMAX : kc_for(kc);
       // The scaled sums' fp32 A with its rows contiguous (doutᵀ of the SGD product): read in
       // place, MR rows of a slot side by side, instead of copied from DRAM before its tiles
       // (the copy waited on its loads: 15 % of the product's time on this VM).
@@ -401,7 +417,11 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
             return Kern::micro_bip(sn, a, static_cast<const float*>(B.p) + pc * B.ks + jc + jr,
                                    B.ks, c, ldc, mr, nr, accumulate || pc > 0, pf, np,
                                    sl == Store::round);
-        if ((finish && !last) || s0 + sn < kc)
+        if (split && st == Store::bf16) {  // sums in Tp, rounded into C when whole
+          Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, earlier, 1.0f, nullptr, 0, pf,
+                                          np);
+          if (s0 + sn == kc) store_rounded(reinterpret_cast<uint16_t*>(c), ldc, tp, NCB, mr, nr);
+        } else if ((finish && !last) || s0 + sn < kc)
           Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, earlier, 1.0f, nullptr, 0, pf,
                                           np);
         else if (earlier)

@@ -111,19 +111,25 @@ void matmul_backward_sgd(float* dx, float* W, const float* dout, const float* x,
   gemm_f32(N, IC, OC, {dout, false, OC, 1}, {W, false, 1, IC}, dx, IC, false);
   gemm_f32(OC, IC, N, {dout, false, 1, OC}, {x, false, 1, IC}, W, IC, true, -lr);
 }
-void matmul_forward_bf16w(float* out, const float* x, const uint16_t* W, int64_t N, int64_t IC,
-                          int64_t OC) {
-  gemm_bf16(N, OC, IC, {x, false, IC, 1}, {W, true, IC, 1}, out, OC, false, 1.0f, Store::round);
+// A bf16 activation as a product operand (row stride rs, k stride ks), and how an output is stored
+static View view(Act a, int64_t rs, int64_t ks) {
+  return {a.p, a.bf16, rs, ks};
 }
-void matmul_backward_bf16w(float* dx, float* dW, const float* dout, const float* x,
-                           const uint16_t* W, int64_t N, int64_t IC, int64_t OC) {
-  gemm_bf16(N, IC, OC, {dout, false, OC, 1}, {W, true, 1, IC}, dx, IC, false, 1.0f, Store::round);
-  gemm_bf16(OC, IC, N, {dout, false, 1, OC}, {x, false, 1, IC}, dW, IC, true);
+static Store store(Act a) {
+  return a.bf16 ? Store::bf16 : Store::round;
 }
-void matmul_backward_sgd_bf16w(float* dx, uint16_t* W, const float* dout, const float* x, int64_t N,
-                               int64_t IC, int64_t OC, float lr) {
-  gemm_bf16(N, IC, OC, {dout, false, OC, 1}, {W, true, 1, IC}, dx, IC, false, 1.0f, Store::round);
-  gemm_bf16_sgd(OC, IC, N, {dout, false, 1, OC}, {x, false, 1, IC}, W, IC, lr);
+void matmul_forward_bf16w(Act out, Act x, const uint16_t* W, int64_t N, int64_t IC, int64_t OC) {
+  gemm_bf16(N, OC, IC, view(x, IC, 1), {W, true, IC, 1}, out.p, OC, false, 1.0f, store(out));
+}
+void matmul_backward_bf16w(Act dx, float* dW, Act dout, Act x, const uint16_t* W, int64_t N,
+                           int64_t IC, int64_t OC) {
+  gemm_bf16(N, IC, OC, view(dout, OC, 1), {W, true, 1, IC}, dx.p, IC, false, 1.0f, store(dx));
+  gemm_bf16(OC, IC, N, view(dout, 1, OC), view(x, 1, IC), dW, IC, true);
+}
+void matmul_backward_sgd_bf16w(Act dx, uint16_t* W, Act dout, Act x, int64_t N, int64_t IC,
+                               int64_t OC, float lr) {
+  gemm_bf16(N, IC, OC, view(dout, OC, 1), {W, true, 1, IC}, dx.p, IC, false, 1.0f, store(dx));
+  gemm_bf16_sgd(OC, IC, N, view(dout, 1, OC), view(x, 1, IC), W, IC, lr);
 }
 
 void qkv_split_forward(float* q, float* k, float* v, const float* qkv, int64_t N, int64_t H,
@@ -180,6 +186,8 @@ void rope_backward(float* dx, const float* dout, const float* cos, const float* 
   rope_apply(dx, dout, cos, sin, B, T, NH, D, -1.0f);
 }
 
+constexpr int64_t kAhead = 256, kStep = 64;  // floats: fetch distance, and the run per fetch
+
 static inline void round_row(float* x, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
@@ -193,7 +201,9 @@ static inline void round_row(float* x, int64_t n) {
 static inline void fetch(const float* p, int64_t n, bool write) {
   for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, write, 3);
 }
-constexpr int64_t kAhead = 256, kStep = 64;  // floats: fetch distance, and the run per fetch
+static inline void fetch(const uint16_t* p, int64_t n, bool write) {
+  for (int64_t i = 0; i < n; i += 32) __builtin_prefetch(p + i, write, 3);
+}
 
 // The qkv split, QK-norm and RoPE in one pass over each token's fused projection row: per
 // kv group g of a row, [G query heads | key | value] (spec §3). Row by row the arithmetic
@@ -458,6 +468,57 @@ void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, 
       }
     }
     if (rnd) round_row(da, 2 * F);
+  }
+}
+
+// f32_to_bf16 without a branch, so that the loops below vectorize
+static inline uint16_t bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+// The same arithmetic as the fp32-storage passes above, on bf16 storage (fetching as far ahead
+// in bytes)
+void swiglu_forward_bf16(uint16_t* out, const uint16_t* ab, int64_t N, int64_t F) {
+#pragma omp parallel for schedule(static) if (N * F > 16384)
+  for (int64_t n = 0; n < N; ++n) {
+    const uint16_t *a = ab + n * 2 * F, *b = a + F;
+    uint16_t* o = out + n * F;
+    for (int64_t f0 = 0; f0 < F; f0 += 2 * kStep) {
+      fetch(a + f0 + 2 * kAhead, 2 * kStep, false);
+      fetch(b + f0 + 2 * kAhead, 2 * kStep, false);
+      fetch(o + f0 + 2 * kAhead, 2 * kStep, true);
+      const int64_t f1 = std::min(F, f0 + 2 * kStep);
+#pragma omp simd
+      for (int64_t f = f0; f < f1; ++f) {
+        const float x = bf16_to_f32(a[f]);
+        o[f] = bf16_bits(x / (1.0f + vexp(-x)) * bf16_to_f32(b[f]));
+      }
+    }
+  }
+}
+void swiglu_backward_bf16(uint16_t* dab, const uint16_t* dout, const uint16_t* ab, int64_t N,
+                          int64_t F) {
+#pragma omp parallel for schedule(static) if (N * F > 16384)
+  for (int64_t n = 0; n < N; ++n) {
+    const uint16_t *a = ab + n * 2 * F, *b = a + F, *g = dout + n * F;
+    uint16_t *da = dab + n * 2 * F, *db = da + F;
+    for (int64_t f0 = 0; f0 < F; f0 += 2 * kStep) {
+      fetch(a + f0 + 2 * kAhead, 2 * kStep, false);
+      fetch(b + f0 + 2 * kAhead, 2 * kStep, false);
+      fetch(g + f0 + 2 * kAhead, 2 * kStep, false);
+      fetch(da + f0 + 2 * kAhead, 2 * kStep, true);
+      fetch(db + f0 + 2 * kAhead, 2 * kStep, true);
+      const int64_t f1 = std::min(F, f0 + 2 * kStep);
+#pragma omp simd
+      for (int64_t f = f0; f < f1; ++f) {
+        const float x = bf16_to_f32(a[f]), y = bf16_to_f32(b[f]), gf = bf16_to_f32(g[f]);
+        const float sg = 1.0f / (1.0f + vexp(-x));
+        da[f] = bf16_bits(gf * y * sg * (1.0f + x * (1.0f - sg)));
+        db[f] = bf16_bits(gf * x * sg);
+      }
+    }
   }
 }
 

@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 
+#include "model/ops.h"  // Act
+
 namespace tq::cpu {
 
 void set_threads(int n);       // OpenMP and BLAS
@@ -20,18 +22,18 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
 void matmul_forward(float* out, const float* x, const float* W, int64_t N, int64_t IC, int64_t OC);
 void matmul_backward(float* dx, float* dW, const float* dout, const float* x, const float* W,
                      int64_t N, int64_t IC, int64_t OC);
-// bf16 weights (x, dout bf16 values held in fp32), out and dx stored rounded to bf16 (bf16
-// runs' layer outputs); only where own_kernels() (gemm.h)
-void matmul_forward_bf16w(float* out, const float* x, const uint16_t* W, int64_t N, int64_t IC,
-                          int64_t OC);
-void matmul_backward_bf16w(float* dx, float* dW, const float* dout, const float* x,
-                           const uint16_t* W, int64_t N, int64_t IC, int64_t OC);
+// bf16 weights (x, dout bf16 values), out and dx stored rounded to bf16 (bf16 runs' layer
+// outputs), each activation in fp32 or bf16 storage as its Act says; only where own_kernels()
+// (gemm.h)
+void matmul_forward_bf16w(Act out, Act x, const uint16_t* W, int64_t N, int64_t IC, int64_t OC);
+void matmul_backward_bf16w(Act dx, float* dW, Act dout, Act x, const uint16_t* W, int64_t N,
+                           int64_t IC, int64_t OC);
 // matmul_backward with the SGD step of W fused into its weight-gradient product (no dW; the
 // bf16w one stores dx rounded to bf16): only where own_kernels() (gemm.h)
 void matmul_backward_sgd(float* dx, float* W, const float* dout, const float* x, int64_t N,
                          int64_t IC, int64_t OC, float lr);
-void matmul_backward_sgd_bf16w(float* dx, uint16_t* W, const float* dout, const float* x, int64_t N,
-                               int64_t IC, int64_t OC, float lr);
+void matmul_backward_sgd_bf16w(Act dx, uint16_t* W, Act dout, Act x, int64_t N, int64_t IC,
+                               int64_t OC, float lr);
 void qkv_split_forward(float* q, float* k, float* v, const float* qkv, int64_t N, int64_t H,
                        int64_t KVH, int64_t D);
 void qkv_split_backward(float* dqkv, const float* dq, const float* dk, const float* dv, int64_t N,
@@ -67,6 +69,10 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
 void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F, bool rnd);
 void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, int64_t F,
                      bool rnd);
+// The same (rounded) in bf16 storage: out[N, F], ab[N, 2F], dab[N, 2F], dout[N, F]
+void swiglu_forward_bf16(uint16_t* out, const uint16_t* ab, int64_t N, int64_t F);
+void swiglu_backward_bf16(uint16_t* dab, const uint16_t* dout, const uint16_t* ab, int64_t N,
+                          int64_t F);
 double crossentropy_forward(float* lse, const float* logits, const int32_t* targets, int64_t N,
                             int64_t V);
 void crossentropy_backward(float* dlogits, const float* logits, const float* lse,

@@ -104,6 +104,8 @@ const Ops& cpu_ops() {
       own ? cpu::attention_backward_bf16 : nullptr,
       cpu::swiglu_forward,
       cpu::swiglu_backward,
+      own ? cpu::swiglu_forward_bf16 : nullptr,  // with the bf16w products
+      own ? cpu::swiglu_backward_bf16 : nullptr,
       cpu::crossentropy_forward,
       cpu::crossentropy_backward,
       cpu::add_inplace,

@@ -609,6 +609,8 @@ const Ops& device_ops() {
       nullptr,
       swiglu_forward,
       swiglu_backward,
+      nullptr,  // swiglu_*_bf16: activations in fp32 storage
+      nullptr,
       crossentropy_forward,
       crossentropy_backward,
       add_inplace,

@@ -7,6 +7,13 @@
 
 namespace tq {
 
+// An activation of a bf16 run as the bf16 products and kernels take it: bf16 values held as
+// fp32 (bf16 false), or bf16 bits (bf16 storage, half the bytes). Inputs are only read.
+struct Act {
+  void* p;
+  bool bf16 = false;
+};
+
 struct Ops {
   std::string name;
   // memory (bytes)
@@ -30,18 +37,17 @@ struct Ops {
                           int64_t, int64_t);
   // Optional (null: widen the weight with bf16_to_f32 and use matmul_*): the same products
   // with the weight in bf16 storage, for bf16 runs; x and dout hold bf16 values, and out and
-  // dx are stored rounded to bf16 (the model rounds them itself after the fallback).
-  void (*matmul_forward_bf16w)(float*, const float*, const uint16_t*, int64_t, int64_t, int64_t);
-  void (*matmul_backward_bf16w)(float*, float*, const float*, const float*, const uint16_t*,
-                                int64_t, int64_t, int64_t);
+  // dx are stored rounded to bf16 (the model rounds them itself after the fallback), each in
+  // the storage its Act says.
+  void (*matmul_forward_bf16w)(Act, Act, const uint16_t*, int64_t, int64_t, int64_t);
+  void (*matmul_backward_bf16w)(Act, float*, Act, Act, const uint16_t*, int64_t, int64_t, int64_t);
   // Optional (null: matmul_backward + sgd_update_*): matmul_backward whose weight takes its
   // SGD step inside the weight-gradient product, for weights with one gradient contribution.
   // dx uses the weight before the step (the bf16w one stores it rounded to bf16); no gradient
   // is written.
   void (*matmul_backward_sgd)(float*, float*, const float*, const float*, int64_t, int64_t, int64_t,
                               float);
-  void (*matmul_backward_sgd_bf16w)(float*, uint16_t*, const float*, const float*, int64_t, int64_t,
-                                    int64_t, float);
+  void (*matmul_backward_sgd_bf16w)(Act, uint16_t*, Act, Act, int64_t, int64_t, int64_t, float);
   void (*qkv_split_forward)(float*, float*, float*, const float*, int64_t, int64_t, int64_t,
                             int64_t);
   void (*qkv_split_backward)(float*, const float*, const float*, const float*, int64_t, int64_t,
@@ -78,6 +84,12 @@ struct Ops {
   // the last flag: store the output rounded to bf16 (bf16 runs)
   void (*swiglu_forward)(float*, const float*, int64_t, int64_t, bool);
   void (*swiglu_backward)(float*, const float*, const float*, int64_t, int64_t, bool);
+  // Optional (null: the model keeps SwiGLU's input and output in fp32 storage): the same for
+  // bf16 runs with them in bf16 storage (so are their gradients); results rounded to bf16.
+  // With these and the bf16w products above, a bf16 run keeps its feed-forward activations
+  // (ab, m and their gradients, the largest) in bf16 storage.
+  void (*swiglu_forward_bf16)(uint16_t*, const uint16_t*, int64_t, int64_t);
+  void (*swiglu_backward_bf16)(uint16_t*, const uint16_t*, const uint16_t*, int64_t, int64_t);
   double (*crossentropy_forward)(float*, const float*, const int32_t*, int64_t, int64_t);
   void (*crossentropy_backward)(float*, const float*, const float*, const int32_t*, int64_t,
                                 int64_t, double);

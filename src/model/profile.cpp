@@ -59,6 +59,7 @@ const Ops& profiled(const Ops& inner) {
     TQ_WRAP(attention_forward), TQ_WRAP(attention_backward);
     TQ_WRAP(attention_forward_bf16), TQ_WRAP(attention_backward_bf16);
     TQ_WRAP(swiglu_forward), TQ_WRAP(swiglu_backward);
+    TQ_WRAP(swiglu_forward_bf16), TQ_WRAP(swiglu_backward_bf16);
     TQ_WRAP(crossentropy_forward), TQ_WRAP(crossentropy_backward);
     TQ_WRAP(add_inplace), TQ_WRAP(round_bf16_inplace);
     TQ_WRAP(sgd_update_f32), TQ_WRAP(sgd_update_bf16);

@@ -33,28 +33,42 @@ void rope_tables(std::vector<float>& cos, std::vector<float>& sin, int64_t T, in
     }
 }
 
+bool bf16_ffn(const Ops& o, DType dtype) {
+  return dtype == DType::bf16 && o.swiglu_forward_bf16 && o.swiglu_backward_bf16 &&
+         o.matmul_forward_bf16w && o.matmul_backward_bf16w && o.matmul_backward_sgd_bf16w;
+}
+// Floats that hold n elements: fp32, or bf16 (h16)
+static int64_t floats(int64_t n, bool h16) {
+  return h16 ? (n + 1) / 2 : n;
+}
+
 // Sizes (floats) of the per-layer saved activations, in LayerActs order.
-static std::vector<int64_t> layer_act_sizes(const Config& c, int64_t B, int64_t T) {
+static std::vector<int64_t> layer_act_sizes(const Config& c, int64_t B, int64_t T, bool h16) {
   const int64_t N = B * T;
   const int64_t HD = c.H * c.D, KD = c.KVH * c.D;
   // res, xn1, rstd1, qkv, v, qrstd, krstd, q, k, att, lse, mid, xn2, rstd2, ab, m
-  return {N * c.C, N * c.C, N,           N * c.qkv_rows(), N * KD,  N * c.H, N * c.KVH,   N * HD,
-          N * KD,  N * HD,  B * c.H * T, N * c.C,          N * c.C, N,       N * 2 * c.F, N * c.F};
+  return {N * c.C, N * c.C, N,           N * c.qkv_rows(), N * KD,  N * c.H,
+          N * c.KVH,   N * HD,  N * KD,  N * HD,  B * c.H * T, N * c.C,
+          N * c.C, N, floats(N * 2 * c.F, h16), floats(N * c.F, h16)};
 }
 static int64_t final_act_size(const Config& c, int64_t N) {
   return N * c.C + N * c.C + N + N * c.V + N;  // res_final, xnf, rstdf, logits, lse_ce
 }
-static std::vector<int64_t> scratch_sizes(const Config& c, int64_t B, int64_t T) {
+static std::vector<int64_t> scratch_sizes(const Config& c, int64_t B, int64_t T, bool h16) {
   const int64_t N = B * T, HD = c.H * c.D, KD = c.KVH * c.D;
   // qkv, tmp, dres, dtmp, dxn, dab, dm, datt, dq, dk, dv, dqr, dkr, tokens, targets, cos, sin
-  return {N * c.qkv_rows(), N * c.C, N * c.C, N * c.C,     N * c.C,    N * 2 * c.F,
-          N * c.F,          N * HD,  N * HD,  N * KD,      N * KD,     N * HD,
-          N * KD,           N,       N,       T * c.D / 2, T * c.D / 2};
+  return {N * c.qkv_rows(), N * c.C, N * c.C, N * c.C, N * c.C, floats(N * 2 * c.F, h16),
+          floats(N * c.F, h16), N * HD, N * HD, N * KD, N * KD, N * HD,
+          N * KD, N, N, T * c.D / 2, T * c.D / 2};
 }
 static int64_t sum(const std::vector<int64_t>& v) {
   int64_t s = 0;
   for (int64_t x : v) s += x;
   return s;
+}
+
+static uint16_t* u16(float* p) {  // a view holding bf16 bits
+  return reinterpret_cast<uint16_t*>(p);
 }
 
 static size_t largest_param(const ParamLayout& p) {
@@ -64,23 +78,23 @@ static size_t largest_param(const ParamLayout& p) {
   return n;
 }
 
-MemoryPlan memory_plan(const Config& c, DType dtype, int64_t B, int64_t T) {
+MemoryPlan memory_plan(const Config& c, DType dtype, int64_t B, int64_t T, bool h16) {
   const ParamLayout p = make_layout(c);
   const size_t P = p.total * dtype_size(dtype);
   const size_t bf16_bufs = dtype == DType::bf16 ? 2 * largest_param(p) * 4 : 0;
-  return {P, P, size_t(c.L * sum(layer_act_sizes(c, B, T)) + final_act_size(c, B * T)) * 4,
-          size_t(sum(scratch_sizes(c, B, T))) * 4 + bf16_bufs};
+  return {P, P, size_t(c.L * sum(layer_act_sizes(c, B, T, h16)) + final_act_size(c, B * T)) * 4,
+          size_t(sum(scratch_sizes(c, B, T, h16))) * 4 + bf16_bufs};
 }
 
 Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& ops)
     : cfg_(cfg), layout_(make_layout(cfg)), dtype_(dtype), B_(B), T_(T), N_(B * T), ops_(ops) {
-  const MemoryPlan plan = memory_plan(cfg, dtype, B, T);
+  const MemoryPlan plan = memory_plan(cfg, dtype, B, T, bf16_ffn_);
   params_ = ops.alloc(plan.params);
   grads_ = ops.alloc(plan.grads);
   acts_ = static_cast<float*>(ops.alloc(plan.activations));
   scratch_ = static_cast<float*>(ops.alloc(plan.scratch));
   float* p = acts_;
-  const std::vector<int64_t> ls = layer_act_sizes(cfg, B, T);
+  const std::vector<int64_t> ls = layer_act_sizes(cfg, B, T, bf16_ffn_);
   for (int64_t l = 0; l < cfg.L; ++l) {
     LayerActs a;
     float** views[] = {&a.res, &a.xn1, &a.rstd1, &a.qkv, &a.v,   &a.qrstd, &a.krstd, &a.q,
@@ -96,7 +110,7 @@ Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& op
   float* ids[2];  // tokens, targets: int32 in the backend's memory, as the kernels read them
   float** sviews[] = {&qkv_, &tmp_, &dres_, &dtmp_, &dxn_,   &dab_,   &dm_,  &datt_, &dq_,
                       &dk_,  &dv_,  &dqr_,  &dkr_,  &ids[0], &ids[1], &cos_, &sin_};
-  const std::vector<int64_t> ss = scratch_sizes(cfg, B, T);
+  const std::vector<int64_t> ss = scratch_sizes(cfg, B, T, bf16_ffn_);
   p = scratch_;
   for (size_t i = 0; i < ss.size(); ++i) *sviews[i] = p, p += ss[i];
   tokens_ = reinterpret_cast<int32_t*>(ids[0]);
@@ -170,22 +184,24 @@ void Qwen3::grad_done(size_t off, int64_t n) {
   if (dtype_ == DType::bf16) ops_.bf16_accumulate(static_cast<uint16_t*>(grads_) + off, gbuf_, n);
 }
 
-void Qwen3::linear_forward(float* out, const float* x, size_t off, int64_t IC, int64_t OC) {
+static float* f32(Act a) {  // (fp32 storage: the only kind outside the bf16w products)
+  return static_cast<float*>(a.p);
+}
+void Qwen3::linear_forward(Act out, Act x, size_t off, int64_t IC, int64_t OC) {
   if (dtype_ == DType::bf16 && ops_.matmul_forward_bf16w)
     return ops_.matmul_forward_bf16w(out, x, static_cast<const uint16_t*>(params_) + off, N_, IC,
                                      OC);  // out rounded to bf16 by the op
-  ops_.matmul_forward(out, x, weight(off, IC * OC), N_, IC, OC);
-  rb(out, N_ * OC);
+  ops_.matmul_forward(f32(out), f32(x), weight(off, IC * OC), N_, IC, OC);
+  rb(f32(out), N_ * OC);
 }
 bool Qwen3::fused(size_t off) const {
   return can_fuse_ && fuse_lr_ > 0 && off != layout_.tok_emb;  // a tied head: two contributions
 }
-void Qwen3::linear_backward(float* dx, const float* dout, const float* x, size_t off, int64_t IC,
-                            int64_t OC) {
+void Qwen3::linear_backward(Act dx, Act dout, Act x, size_t off, int64_t IC, int64_t OC) {
   if (fused(off)) {
     if (dtype_ == DType::f32)
-      return ops_.matmul_backward_sgd(dx, static_cast<float*>(params_) + off, dout, x, N_, IC, OC,
-                                      fuse_lr_);
+      return ops_.matmul_backward_sgd(f32(dx), static_cast<float*>(params_) + off, f32(dout),
+                                      f32(x), N_, IC, OC, fuse_lr_);
     return ops_.matmul_backward_sgd_bf16w(dx, static_cast<uint16_t*>(params_) + off, dout, x, N_,
                                           IC, OC, fuse_lr_);
   }
@@ -193,8 +209,9 @@ void Qwen3::linear_backward(float* dx, const float* dout, const float* x, size_t
     ops_.matmul_backward_bf16w(dx, grad(off, IC * OC), dout, x,
                                static_cast<const uint16_t*>(params_) + off, N_, IC, OC);
   } else {
-    ops_.matmul_backward(dx, grad(off, IC * OC), dout, x, weight(off, IC * OC), N_, IC, OC);
-    rb(dx, N_ * IC);
+    ops_.matmul_backward(f32(dx), grad(off, IC * OC), f32(dout), f32(x), weight(off, IC * OC), N_,
+                         IC, OC);
+    rb(f32(dx), N_ * IC);
   }
   grad_done(off, IC * OC);
 }
@@ -215,7 +232,7 @@ double Qwen3::forward(const Batch& batch) {
     float* res_out = l + 1 < c.L ? la_[l + 1].res : res_final_;
     o.rmsnorm_forward(a.xn1, a.rstd1, a.res, weight(w.attn_norm, C), N, C, c.eps);
     rb(a.xn1, N * C);
-    linear_forward(a.qkv, a.xn1, w.wqkv, C, QKV);
+    linear_forward({a.qkv}, {a.xn1}, w.wqkv, C, QKV);
     // q_norm and k_norm are adjacent: widened together in bf16 runs
     const float* qkw = weight(w.q_norm, 2 * D);
     if (o.qk_norm_rope_forward) {
@@ -234,23 +251,27 @@ double Qwen3::forward(const Batch& batch) {
     (bfa ? o.attention_forward_bf16 : o.attention_forward)(a.att, a.lse, a.q, a.k, a.v, B_, T_, H,
                                                            K, D);
     if (!bfa) rb(a.att, N * H * D);  // else rounded by the op
-    linear_forward(tmp_, a.att, w.wo, H * D, C);
+    linear_forward({tmp_}, {a.att}, w.wo, H * D, C);
     o.copy(a.mid, a.res, N * C);
     o.add_inplace(a.mid, tmp_, N * C);
     rb(a.mid, N * C);
     o.rmsnorm_forward(a.xn2, a.rstd2, a.mid, weight(w.ffn_norm, C), N, C, c.eps);
     rb(a.xn2, N * C);
     // w1 and w3 are adjacent: one [2F, C] matmul
-    linear_forward(a.ab, a.xn2, w.w1, C, 2 * F);
-    o.swiglu_forward(a.m, a.ab, N, F, dtype_ == DType::bf16);
-    linear_forward(tmp_, a.m, w.w2, F, C);
+    const bool h16 = bf16_ffn_;  // ab, m (and below dab, dm) in bf16 storage
+    linear_forward({a.ab, h16}, {a.xn2}, w.w1, C, 2 * F);
+    if (h16)
+      o.swiglu_forward_bf16(u16(a.m), u16(a.ab), N, F);
+    else
+      o.swiglu_forward(a.m, a.ab, N, F, dtype_ == DType::bf16);
+    linear_forward({tmp_}, {a.m, h16}, w.w2, F, C);
     o.copy(res_out, a.mid, N * C);
     o.add_inplace(res_out, tmp_, N * C);
     rb(res_out, N * C);
   }
   o.rmsnorm_forward(xnf_, rstdf_, res_final_, weight(layout_.norm, C), N, C, c.eps);
   rb(xnf_, N * C);
-  linear_forward(logits_, xnf_, layout_.lm_head, C, c.V);
+  linear_forward({logits_}, {xnf_}, layout_.lm_head, C, c.V);
   return o.crossentropy_forward(lse_ce_, logits_, targets_, N, c.V);
 }
 
@@ -268,7 +289,7 @@ void Qwen3::backward() {
   o.crossentropy_backward(logits_, logits_, lse_ce_, targets_, N, c.V, 1.0 / N);
   rb(logits_, N * c.V);
   const size_t head = layout_.lm_head, fnorm = layout_.norm;
-  linear_backward(dxn_, logits_, xnf_, head, C, c.V);
+  linear_backward({dxn_}, {logits_}, {xnf_}, head, C, c.V);
   o.rmsnorm_backward(dres_, grad(fnorm, C), dxn_, res_final_, rstdf_, weight(fnorm, C), N, C);
   grad_done(fnorm, C);
   rb(dres_, N * C);
@@ -276,16 +297,20 @@ void Qwen3::backward() {
     const ParamLayout::Layer& w = layout_.layers[l];
     const LayerActs& a = la_[l];
     // feed-forward: dres is the gradient of this layer's output
-    linear_backward(dm_, dres_, a.m, w.w2, F, C);
-    o.swiglu_backward(dab_, dm_, a.ab, N, F, dtype_ == DType::bf16);
-    linear_backward(dxn_, dab_, a.xn2, w.w1, C, 2 * F);
+    const bool h16 = bf16_ffn_;
+    linear_backward({dm_, h16}, {dres_}, {a.m, h16}, w.w2, F, C);
+    if (h16)
+      o.swiglu_backward_bf16(u16(dab_), u16(dm_), u16(a.ab), N, F);
+    else
+      o.swiglu_backward(dab_, dm_, a.ab, N, F, dtype_ == DType::bf16);
+    linear_backward({dxn_}, {dab_, h16}, {a.xn2}, w.w1, C, 2 * F);
     o.rmsnorm_backward(dtmp_, grad(w.ffn_norm, C), dxn_, a.mid, a.rstd2, weight(w.ffn_norm, C), N,
                        C);
     grad_done(w.ffn_norm, C);
     o.add_inplace(dres_, rb(dtmp_, N * C), N * C);  // dres is now d(mid)
     rb(dres_, N * C);
     // attention
-    linear_backward(datt_, dres_, a.att, w.wo, H * D, C);
+    linear_backward({datt_}, {dres_}, {a.att}, w.wo, H * D, C);
     const bool bfa = dtype_ == DType::bf16 && o.attention_backward_bf16;
     (bfa ? o.attention_backward_bf16 : o.attention_backward)(dq_, dk_, dv_, datt_, a.att, a.lse,
                                                              a.q, a.k, a.v, B_, T_, H, K, D);
@@ -308,7 +333,7 @@ void Qwen3::backward() {
       o.qkv_split_backward(qkv_, dqr_, dkr_, dv_, N, H, K, D);
     }
     grad_done(w.q_norm, 2 * D);
-    linear_backward(dxn_, qkv_, a.xn1, w.wqkv, C, QKV);
+    linear_backward({dxn_}, {qkv_}, {a.xn1}, w.wqkv, C, QKV);
     o.rmsnorm_backward(dtmp_, grad(w.attn_norm, C), dxn_, a.res, a.rstd1, weight(w.attn_norm, C), N,
                        C);
     grad_done(w.attn_norm, C);
