@@ -442,10 +442,11 @@ TEST_P(QkNormRope, EqualsTheSplitNormsAndRotations) {
     // fused
     std::vector<float> fq(HD), fk(KD), fv(KD), fqrs(N * H), fkrs(N * KVH), fdqkv(N * R, 7.0f),
         fdw(2 * D, 0.5f);
-    cpu::qk_norm_rope_forward(fq.data(), fk.data(), fv.data(), fqrs.data(), fkrs.data(), qkv.data(),
-                              qw, kw, cs.data(), sn.data(), B, T, H, KVH, D, 1e-6, rnd);
-    cpu::qk_norm_rope_backward(fdqkv.data(), fdw.data(), fdw.data() + D, dq.data(), dk.data(),
-                               dvi.data(), qkv.data(), fqrs.data(), fkrs.data(), qw, kw, cs.data(),
+    const Act in{const_cast<float*>(qkv.data())};
+    cpu::qk_norm_rope_forward(fq.data(), fk.data(), fv.data(), fqrs.data(), fkrs.data(), in, qw, kw,
+                              cs.data(), sn.data(), B, T, H, KVH, D, 1e-6, rnd);
+    cpu::qk_norm_rope_backward({fdqkv.data()}, fdw.data(), fdw.data() + D, dq.data(), dk.data(),
+                               dvi.data(), in, fqrs.data(), fkrs.data(), qw, kw, cs.data(),
                                sn.data(), B, T, H, KVH, D, rnd);
     const std::string what = rnd ? "rounded" : "fp32";
     EXPECT_EQ(fq, q) << what;
@@ -455,9 +456,35 @@ TEST_P(QkNormRope, EqualsTheSplitNormsAndRotations) {
     EXPECT_EQ(fkrs, krs) << what;
     EXPECT_EQ(fdqkv, dqkv) << what;            // overwritten, every slot
     EXPECT_LT(rel_l2(fdw, dw), 1e-6) << what;  // added into
-    if (rnd) {
-      for (float x : fdqkv) ASSERT_EQ(x, round_bf16(x));
-    }
+    if (!rnd) continue;
+    for (float x : fdqkv) ASSERT_EQ(x, round_bf16(x));
+    // qkv and dqkv in bf16 storage (bf16 runs): the same bits on the same (bf16) projection
+    std::vector<float> qkvr = qkv, q2(HD), k2(KD), v2(KD), qrs2(N * H), krs2(N * KVH),
+                       dqkv2(N * R), dw2(2 * D, 0.5f), q3 = q2, k3 = k2, v3 = v2, qrs3 = qrs2,
+                       krs3 = krs2, dw3 = dw2;
+    rb(qkvr);
+    std::vector<uint16_t> qkv16(qkvr.size()), dqkv16(qkvr.size(), 0x7fc1);
+    for (size_t i = 0; i < qkvr.size(); ++i) qkv16[i] = f32_to_bf16(qkvr[i]);
+    cpu::qk_norm_rope_forward(q2.data(), k2.data(), v2.data(), qrs2.data(), krs2.data(),
+                              {qkvr.data()}, qw, kw, cs.data(), sn.data(), B, T, H, KVH, D, 1e-6,
+                              true);
+    cpu::qk_norm_rope_backward({dqkv2.data()}, dw2.data(), dw2.data() + D, dq.data(), dk.data(),
+                               dvi.data(), {qkvr.data()}, qrs2.data(), krs2.data(), qw, kw,
+                               cs.data(), sn.data(), B, T, H, KVH, D, true);
+    cpu::qk_norm_rope_forward(q3.data(), k3.data(), v3.data(), qrs3.data(), krs3.data(),
+                              {qkv16.data(), true}, qw, kw, cs.data(), sn.data(), B, T, H, KVH, D,
+                              1e-6, true);
+    cpu::qk_norm_rope_backward({dqkv16.data(), true}, dw3.data(), dw3.data() + D, dq.data(),
+                               dk.data(), dvi.data(), {qkv16.data(), true}, qrs3.data(),
+                               krs3.data(), qw, kw, cs.data(), sn.data(), B, T, H, KVH, D, true);
+    EXPECT_EQ(q3, q2);
+    EXPECT_EQ(k3, k2);
+    EXPECT_EQ(v3, v2);
+    EXPECT_EQ(qrs3, qrs2);
+    EXPECT_EQ(krs3, krs2);
+    EXPECT_EQ(dw3, dw2);
+    for (size_t i = 0; i < dqkv2.size(); ++i)
+      ASSERT_EQ(dqkv16[i], f32_to_bf16(dqkv2[i])) << "bf16 dqkv at " << i;
   }
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, QkNormRope,

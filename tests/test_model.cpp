@@ -165,15 +165,16 @@ TEST(Qwen3, FusedSgdStepEqualsBackwardThenSgd) {
       }
 }
 
-// bf16 runs keep the feed-forward activations in bf16 storage where the backend can (the CPU
-// kernels); without those kernels (CUDA) they stay fp32 storage of bf16 values: the same step,
-// bit for bit, fused step or not (odd F and N: bf16 arrays of odd length, odd row strides).
-TEST(Qwen3, Bf16FeedForwardStorageGivesTheSameStep) {
-  if (!bf16_ffn(cpu_ops(), DType::bf16)) GTEST_SKIP() << "no bf16 kernels (OpenBLAS path)";
+// bf16 runs keep the projection qkv and the feed-forward activations in bf16 storage where the
+// backend can (the CPU kernels); without those kernels (CUDA) they stay fp32 storage of bf16
+// values: the same step, bit for bit, fused step or not (odd F and N: bf16 arrays of odd
+// length, odd row strides).
+TEST(Qwen3, Bf16ActivationStorageGivesTheSameStep) {
+  if (!bf16_acts(cpu_ops(), DType::bf16)) GTEST_SKIP() << "no bf16 kernels (OpenBLAS path)";
   Ops f32ffn = cpu_ops();
   f32ffn.swiglu_forward_bf16 = nullptr;
   f32ffn.swiglu_backward_bf16 = nullptr;
-  ASSERT_FALSE(bf16_ffn(f32ffn, DType::bf16));
+  ASSERT_FALSE(bf16_acts(f32ffn, DType::bf16));
   Config odd = tiny(false);
   odd.F = 45;
   for (const auto& [c, B, T] : {std::tuple{tiny(false), 2, 11}, std::tuple{odd, 1, 7}})
@@ -273,11 +274,11 @@ TEST(MemoryPlan, CountsEveryArena) {
   EXPECT_EQ(mb.grads, mb.params);
   EXPECT_EQ(mb.activations, mp.activations);
   EXPECT_EQ(mb.scratch, mp.scratch + 2u * (2 * 3072 * 256) * 4);
-  // with the feed-forward activations in bf16 storage: ab [N, 2F] and m [N, F] of each of the
+  // with activations in bf16 storage: qkv [N, 4096], ab [N, 2F] and m [N, F] of each of the
   // 8 layers, and their gradients' scratch, take half the bytes
   const MemoryPlan mh = memory_plan(preset("debugmodel"), DType::bf16, 1, 32, true);
-  EXPECT_EQ(mh.activations, mb.activations - 8u * 32 * 3 * 3072 * 2);
-  EXPECT_EQ(mh.scratch, mb.scratch - 32u * 3 * 3072 * 2);
+  EXPECT_EQ(mh.activations, mb.activations - 8u * 32 * (4096 + 3 * 3072) * 2);
+  EXPECT_EQ(mh.scratch, mb.scratch - 32u * (4096 + 3 * 3072) * 2);
 }
 
 }  // namespace

@@ -113,7 +113,7 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
   const bool cuda = a.backend == "cuda";
   const DType dtype = parse_dtype(a.dtype);  // (the CUDA backend keeps fp32 activations)
   const MemoryPlan plan =
-      memory_plan(c, dtype, a.batch_size, a.seq_len, !cuda && bf16_ffn(cpu_ops(), dtype));
+      memory_plan(c, dtype, a.batch_size, a.seq_len, !cuda && bf16_acts(cpu_ops(), dtype));
   // + init's and the checkpoint writer's per-tensor fp32 buffers (on the host)
   const double largest = double(std::max(c.V * c.C, 2 * c.qkv_rows() * c.C));
   const double buffers = 2 * largest * sizeof(float);

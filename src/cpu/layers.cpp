@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/common.h"
@@ -208,26 +209,36 @@ static inline void fetch(const uint16_t* p, int64_t n, bool write) {
 // The qkv split, QK-norm and RoPE in one pass over each token's fused projection row: per
 // kv group g of a row, [G query heads | key | value] (spec §3). Row by row the arithmetic
 // (and, for a fixed thread count dividing N, the order of the norm weights' gradient sums)
-// is that of the unfused ops.
-void qk_norm_rope_forward(float* q, float* k, float* v, float* qrstd, float* krstd,
-                          const float* qkv, const float* qw, const float* kw, const float* cos,
-                          const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
-                          double eps, bool rnd) {
+// is that of the unfused ops. qkv and dqkv in fp32 or bf16 storage (QKV: float or uint16_t);
+// a bf16 group is widened into a buffer first (and dqkv's narrowed from one).
+static const float* group(const float* src, float*, int64_t) {
+  return src;
+}
+static const float* group(const uint16_t* src, float* buf, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) buf[i] = bf16_to_f32(src[i]);
+  return buf;
+}
+template <class QKV>
+static void qk_fwd(float* q, float* k, float* v, float* qrstd, float* krstd, const QKV* qkv,
+                   const float* qw, const float* kw, const float* cos, const float* sin, int64_t B,
+                   int64_t T, int64_t H, int64_t KVH, int64_t D, double eps, bool rnd) {
   const int64_t G = H / KVH, R = (H + 2 * KVH) * D, D2 = D / 2, N = B * T;
 #pragma omp parallel if (N * R > 16384)
   {
     std::vector<float> y(static_cast<size_t>(D));  // the normalized row before its rotation
+    std::vector<float> wide(static_cast<size_t>((G + 2) * D));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const float *c = cos + (n % T) * D2, *s = sin + (n % T) * D2;
       for (int64_t g = 0; g < KVH; ++g) {
-        const float* src = qkv + n * R + g * (G + 2) * D;
+        const QKV* in = qkv + n * R + g * (G + 2) * D;
         if (n + 1 < N) {  // this group's rows of the next token
-          fetch(src + R, (G + 2) * D, false);
+          fetch(in + R, (G + 2) * D, false);
           fetch(q + ((n + 1) * H + g * G) * D, G * D, true);
           fetch(k + ((n + 1) * KVH + g) * D, D, true);
           fetch(v + ((n + 1) * KVH + g) * D, D, true);
         }
+        const float* src = group(in, wide.data(), (G + 2) * D);
         for (int64_t i = 0; i <= G; ++i) {  // G query heads, then the key
           const bool key = i == G;
           const int64_t row = key ? n * KVH + g : n * H + g * G + i;
@@ -242,11 +253,22 @@ void qk_norm_rope_forward(float* q, float* k, float* v, float* qrstd, float* krs
     }
   }
 }
-void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq, const float* dk,
-                           const float* dv, const float* qkv, const float* qrstd,
-                           const float* krstd, const float* qw, const float* kw, const float* cos,
-                           const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH,
-                           int64_t D, bool rnd) {
+void qk_norm_rope_forward(float* q, float* k, float* v, float* qrstd, float* krstd, Act qkv,
+                          const float* qw, const float* kw, const float* cos, const float* sin,
+                          int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, double eps,
+                          bool rnd) {
+  if (qkv.bf16)
+    return qk_fwd(q, k, v, qrstd, krstd, static_cast<const uint16_t*>(qkv.p), qw, kw, cos, sin, B,
+                  T, H, KVH, D, eps, rnd);
+  qk_fwd(q, k, v, qrstd, krstd, static_cast<const float*>(qkv.p), qw, kw, cos, sin, B, T, H, KVH,
+         D, eps, rnd);
+}
+template <class QKV>
+static void qk_bwd(QKV* dqkv, float* dqw, float* dkw, const float* dq, const float* dk,
+                   const float* dv, const QKV* qkv, const float* qrstd, const float* krstd,
+                   const float* qw, const float* kw, const float* cos, const float* sin, int64_t B,
+                   int64_t T, int64_t H, int64_t KVH, int64_t D, bool rnd) {
+  constexpr bool h16 = std::is_same_v<QKV, uint16_t>;
   const int64_t G = H / KVH, R = (H + 2 * KVH) * D, D2 = D / 2, N = B * T;
   const int nt = omp_get_max_threads();
   std::vector<float> part(size_t(nt) * 2 * D, 0.0f);  // per thread: dqw, dkw partial sums
@@ -254,19 +276,22 @@ void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq,
   {
     float* mq = part.data() + size_t(omp_get_thread_num()) * 2 * D;
     std::vector<float> gr(static_cast<size_t>(D));  // the row's gradient before the rotation
+    std::vector<float> wide(static_cast<size_t>(h16 ? 2 * (G + 2) * D : 0));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const float *c = cos + (n % T) * D2, *s = sin + (n % T) * D2;
       for (int64_t g = 0; g < KVH; ++g) {
-        const float* src = qkv + n * R + g * (G + 2) * D;
-        float* dst = dqkv + n * R + g * (G + 2) * D;
+        const QKV* in = qkv + n * R + g * (G + 2) * D;
+        QKV* out = dqkv + n * R + g * (G + 2) * D;
         if (n + 1 < N) {  // this group's rows of the next token
-          fetch(src + R, (G + 2) * D, false);
-          fetch(dst + R, (G + 2) * D, true);
+          fetch(in + R, (G + 2) * D, false);
+          fetch(out + R, (G + 2) * D, true);
           fetch(dq + ((n + 1) * H + g * G) * D, G * D, false);
           fetch(dk + ((n + 1) * KVH + g) * D, D, false);
           fetch(dv + ((n + 1) * KVH + g) * D, D, false);
         }
+        const float* src = group(in, wide.data(), (G + 2) * D);
+        float* dst = h16 ? wide.data() + (G + 2) * D : reinterpret_cast<float*>(out);
         for (int64_t i = 0; i <= G; ++i) {
           const bool key = i == G;
           const int64_t row = key ? n * KVH + g : n * H + g * G + i;
@@ -277,12 +302,27 @@ void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq,
           if (rnd) round_row(dst + i * D, D);
         }
         std::memcpy(dst + (G + 1) * D, dv + (n * KVH + g) * D, size_t(D) * sizeof(float));
+        if constexpr (h16)
+          for (int64_t e = 0; e < (G + 2) * D; ++e) out[e] = f32_to_bf16(dst[e]);
       }
     }
   }
   for (int t = 0; t < nt; ++t)
     for (int64_t e = 0; e < D; ++e)
       dqw[e] += part[size_t(t) * 2 * D + e], dkw[e] += part[size_t(t) * 2 * D + D + e];
+}
+
+void qk_norm_rope_backward(Act dqkv, float* dqw, float* dkw, const float* dq, const float* dk,
+                           const float* dv, Act qkv, const float* qrstd, const float* krstd,
+                           const float* qw, const float* kw, const float* cos, const float* sin,
+                           int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool rnd) {
+  if (dqkv.bf16 != qkv.bf16) std::abort();  // (one storage for both)
+  if (qkv.bf16)
+    return qk_bwd(static_cast<uint16_t*>(dqkv.p), dqw, dkw, dq, dk, dv,
+                  static_cast<const uint16_t*>(qkv.p), qrstd, krstd, qw, kw, cos, sin, B, T, H, KVH,
+                  D, rnd);
+  qk_bwd(static_cast<float*>(dqkv.p), dqw, dkw, dq, dk, dv, static_cast<const float*>(qkv.p), qrstd,
+         krstd, qw, kw, cos, sin, B, T, H, KVH, D, rnd);
 }
 
 static inline float dot(const float* a, const float* b, int64_t D) {
@@ -431,6 +471,11 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
   attention_backward_kernels(true, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
 }
 
+// No fma contraction in SwiGLU: whether `1 + a (1 - sg)` is contracted is the compiler's
+// choice per loop (near a = -1 / (1 - sg) the two cancel differently), and the fp32- and
+// bf16-storage passes must give the same bits (an -O2 build contracted one and not the other).
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
 void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F, bool rnd) {
 #pragma omp parallel for schedule(static) if (N * F > 16384)
   for (int64_t n = 0; n < N; ++n) {
@@ -521,6 +566,8 @@ void swiglu_backward_bf16(uint16_t* dab, const uint16_t* dout, const uint16_t* a
     }
   }
 }
+
+#pragma GCC pop_options
 
 double crossentropy_forward(float* lse, const float* logits, const int32_t* targets, int64_t N,
                             int64_t V) {

@@ -58,17 +58,18 @@ struct Ops {
                         int64_t);
   // Optional (null: the model runs qkv_split, rmsnorm with q_norm / k_norm and rope, rounding
   // to bf16 after each in bf16 runs): all of that in one pass over the fused projection
-  // qkv [N, QKV], rnd doing those roundings:
+  // qkv [N, QKV] (in bf16 storage where Act says: see swiglu_forward_bf16), rnd doing those
+  // roundings:
   // forward (q, k, v, qrstd, krstd, qkv, qw, kw, cos, sin, B, T, H, KVH, D, eps, rnd);
   // backward (dqkv, dqw, dkw, dq, dk, dv, qkv, qrstd, krstd, qw, kw, cos, sin, B, T, H, KVH, D,
   // rnd) overwrites dqkv and adds into dqw, dkw.
-  void (*qk_norm_rope_forward)(float*, float*, float*, float*, float*, const float*, const float*,
+  void (*qk_norm_rope_forward)(float*, float*, float*, float*, float*, Act, const float*,
                                const float*, const float*, const float*, int64_t, int64_t, int64_t,
                                int64_t, int64_t, double, bool);
-  void (*qk_norm_rope_backward)(float*, float*, float*, const float*, const float*, const float*,
+  void (*qk_norm_rope_backward)(Act, float*, float*, const float*, const float*, const float*, Act,
                                 const float*, const float*, const float*, const float*,
-                                const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                                int64_t, int64_t, bool);
+                                const float*, const float*, int64_t, int64_t, int64_t, int64_t,
+                                int64_t, bool);
   void (*attention_forward)(float*, float*, const float*, const float*, const float*, int64_t,
                             int64_t, int64_t, int64_t, int64_t);
   void (*attention_backward)(float*, float*, float*, const float*, const float*, const float*,
@@ -86,8 +87,9 @@ struct Ops {
   void (*swiglu_backward)(float*, const float*, const float*, int64_t, int64_t, bool);
   // Optional (null: the model keeps SwiGLU's input and output in fp32 storage): the same for
   // bf16 runs with them in bf16 storage (so are their gradients); results rounded to bf16.
-  // With these and the bf16w products above, a bf16 run keeps its feed-forward activations
-  // (ab, m and their gradients, the largest) in bf16 storage.
+  // With these, the bf16w products and qk_norm_rope_*, a bf16 run keeps its feed-forward
+  // activations (ab, m and their gradients, the largest) and the fused projection qkv (and
+  // its gradient) in bf16 storage.
   void (*swiglu_forward_bf16)(uint16_t*, const uint16_t*, int64_t, int64_t);
   void (*swiglu_backward_bf16)(uint16_t*, const uint16_t*, const uint16_t*, int64_t, int64_t);
   double (*crossentropy_forward)(float*, const float*, const int32_t*, int64_t, int64_t);

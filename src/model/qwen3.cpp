@@ -33,9 +33,10 @@ void rope_tables(std::vector<float>& cos, std::vector<float>& sin, int64_t T, in
     }
 }
 
-bool bf16_ffn(const Ops& o, DType dtype) {
+bool bf16_acts(const Ops& o, DType dtype) {
   return dtype == DType::bf16 && o.swiglu_forward_bf16 && o.swiglu_backward_bf16 &&
-         o.matmul_forward_bf16w && o.matmul_backward_bf16w && o.matmul_backward_sgd_bf16w;
+         o.matmul_forward_bf16w && o.matmul_backward_bf16w && o.matmul_backward_sgd_bf16w &&
+         o.qk_norm_rope_forward && o.qk_norm_rope_backward;
 }
 // Floats that hold n elements: fp32, or bf16 (h16)
 static int64_t floats(int64_t n, bool h16) {
@@ -47,7 +48,7 @@ static std::vector<int64_t> layer_act_sizes(const Config& c, int64_t B, int64_t 
   const int64_t N = B * T;
   const int64_t HD = c.H * c.D, KD = c.KVH * c.D;
   // res, xn1, rstd1, qkv, v, qrstd, krstd, q, k, att, lse, mid, xn2, rstd2, ab, m
-  return {N * c.C, N * c.C, N,           N * c.qkv_rows(), N * KD,  N * c.H,
+  return {N * c.C, N * c.C, N,           floats(N * c.qkv_rows(), h16), N * KD,  N * c.H,
           N * c.KVH,   N * HD,  N * KD,  N * HD,  B * c.H * T, N * c.C,
           N * c.C, N, floats(N * 2 * c.F, h16), floats(N * c.F, h16)};
 }
@@ -57,7 +58,8 @@ static int64_t final_act_size(const Config& c, int64_t N) {
 static std::vector<int64_t> scratch_sizes(const Config& c, int64_t B, int64_t T, bool h16) {
   const int64_t N = B * T, HD = c.H * c.D, KD = c.KVH * c.D;
   // qkv, tmp, dres, dtmp, dxn, dab, dm, datt, dq, dk, dv, dqr, dkr, tokens, targets, cos, sin
-  return {N * c.qkv_rows(), N * c.C, N * c.C, N * c.C, N * c.C, floats(N * 2 * c.F, h16),
+  return {floats(N * c.qkv_rows(), h16), N * c.C, N * c.C, N * c.C, N * c.C,
+          floats(N * 2 * c.F, h16),
           floats(N * c.F, h16), N * HD, N * HD, N * KD, N * KD, N * HD,
           N * KD, N, N, T * c.D / 2, T * c.D / 2};
 }
@@ -88,13 +90,13 @@ MemoryPlan memory_plan(const Config& c, DType dtype, int64_t B, int64_t T, bool 
 
 Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& ops)
     : cfg_(cfg), layout_(make_layout(cfg)), dtype_(dtype), B_(B), T_(T), N_(B * T), ops_(ops) {
-  const MemoryPlan plan = memory_plan(cfg, dtype, B, T, bf16_ffn_);
+  const MemoryPlan plan = memory_plan(cfg, dtype, B, T, bf16_acts_);
   params_ = ops.alloc(plan.params);
   grads_ = ops.alloc(plan.grads);
   acts_ = static_cast<float*>(ops.alloc(plan.activations));
   scratch_ = static_cast<float*>(ops.alloc(plan.scratch));
   float* p = acts_;
-  const std::vector<int64_t> ls = layer_act_sizes(cfg, B, T, bf16_ffn_);
+  const std::vector<int64_t> ls = layer_act_sizes(cfg, B, T, bf16_acts_);
   for (int64_t l = 0; l < cfg.L; ++l) {
     LayerActs a;
     float** views[] = {&a.res, &a.xn1, &a.rstd1, &a.qkv, &a.v,   &a.qrstd, &a.krstd, &a.q,
@@ -110,7 +112,7 @@ Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& op
   float* ids[2];  // tokens, targets: int32 in the backend's memory, as the kernels read them
   float** sviews[] = {&qkv_, &tmp_, &dres_, &dtmp_, &dxn_,   &dab_,   &dm_,  &datt_, &dq_,
                       &dk_,  &dv_,  &dqr_,  &dkr_,  &ids[0], &ids[1], &cos_, &sin_};
-  const std::vector<int64_t> ss = scratch_sizes(cfg, B, T, bf16_ffn_);
+  const std::vector<int64_t> ss = scratch_sizes(cfg, B, T, bf16_acts_);
   p = scratch_;
   for (size_t i = 0; i < ss.size(); ++i) *sviews[i] = p, p += ss[i];
   tokens_ = reinterpret_cast<int32_t*>(ids[0]);
@@ -232,11 +234,12 @@ double Qwen3::forward(const Batch& batch) {
     float* res_out = l + 1 < c.L ? la_[l + 1].res : res_final_;
     o.rmsnorm_forward(a.xn1, a.rstd1, a.res, weight(w.attn_norm, C), N, C, c.eps);
     rb(a.xn1, N * C);
-    linear_forward({a.qkv}, {a.xn1}, w.wqkv, C, QKV);
+    const bool h16 = bf16_acts_;  // qkv, ab, m (and their gradients) in bf16 storage
+    linear_forward({a.qkv, h16}, {a.xn1}, w.wqkv, C, QKV);
     // q_norm and k_norm are adjacent: widened together in bf16 runs
     const float* qkw = weight(w.q_norm, 2 * D);
     if (o.qk_norm_rope_forward) {
-      o.qk_norm_rope_forward(a.q, a.k, a.v, a.qrstd, a.krstd, a.qkv, qkw, qkw + D, cos_, sin_, B_,
+      o.qk_norm_rope_forward(a.q, a.k, a.v, a.qrstd, a.krstd, {a.qkv, h16}, qkw, qkw + D, cos_, sin_, B_,
                              T_, H, K, D, c.eps, dtype_ == DType::bf16);
     } else {  // the split's q, k into backward scratch (free until backward)
       o.qkv_split_forward(dqr_, dkr_, a.v, a.qkv, N, H, K, D);
@@ -258,7 +261,6 @@ double Qwen3::forward(const Batch& batch) {
     o.rmsnorm_forward(a.xn2, a.rstd2, a.mid, weight(w.ffn_norm, C), N, C, c.eps);
     rb(a.xn2, N * C);
     // w1 and w3 are adjacent: one [2F, C] matmul
-    const bool h16 = bf16_ffn_;  // ab, m (and below dab, dm) in bf16 storage
     linear_forward({a.ab, h16}, {a.xn2}, w.w1, C, 2 * F);
     if (h16)
       o.swiglu_forward_bf16(u16(a.m), u16(a.ab), N, F);
@@ -297,7 +299,7 @@ void Qwen3::backward() {
     const ParamLayout::Layer& w = layout_.layers[l];
     const LayerActs& a = la_[l];
     // feed-forward: dres is the gradient of this layer's output
-    const bool h16 = bf16_ffn_;
+    const bool h16 = bf16_acts_;  // qkv, ab, m and their gradients in bf16 storage
     linear_backward({dm_, h16}, {dres_}, {a.m, h16}, w.w2, F, C);
     if (h16)
       o.swiglu_backward_bf16(u16(dab_), u16(dm_), u16(a.ab), N, F);
@@ -318,7 +320,8 @@ void Qwen3::backward() {
     const float* qkw = weight(w.q_norm, 2 * D);  // q_norm, k_norm (adjacent)
     float* dqkw = grad(w.q_norm, 2 * D);
     if (o.qk_norm_rope_backward) {
-      o.qk_norm_rope_backward(qkv_, dqkw, dqkw + D, dq_, dk_, dv_, a.qkv, a.qrstd, a.krstd, qkw,
+      o.qk_norm_rope_backward({qkv_, h16}, dqkw, dqkw + D, dq_, dk_, dv_, {a.qkv, h16}, a.qrstd,
+                              a.krstd, qkw,
                               qkw + D, cos_, sin_, B_, T_, H, K, D, dtype_ == DType::bf16);
     } else {
       o.rope_backward(dq_, dq_, cos_, sin_, B_, T_, H, D);
@@ -333,7 +336,7 @@ void Qwen3::backward() {
       o.qkv_split_backward(qkv_, dqr_, dkr_, dv_, N, H, K, D);
     }
     grad_done(w.q_norm, 2 * D);
-    linear_backward({dxn_}, {qkv_}, {a.xn1}, w.wqkv, C, QKV);
+    linear_backward({dxn_}, {qkv_, h16}, {a.xn1}, w.wqkv, C, QKV);
     o.rmsnorm_backward(dtmp_, grad(w.attn_norm, C), dxn_, a.res, a.rstd1, weight(w.attn_norm, C), N,
                        C);
     grad_done(w.attn_norm, C);

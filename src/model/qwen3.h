@@ -29,10 +29,10 @@ struct MemoryPlan {
   size_t total() const { return params + grads + activations + scratch; }
 };
 // Whether a run of this dtype on this backend keeps the feed-forward activations (SwiGLU's
-// input and output and their gradients) in bf16 storage: bf16 runs on backends with the bf16
-// products and SwiGLU (Ops).
-bool bf16_ffn(const Ops& ops, DType dtype);
-MemoryPlan memory_plan(const Config& cfg, DType dtype, int64_t B, int64_t T, bool bf16_ffn);
+// input and output), the fused projection qkv and their gradients in bf16 storage: bf16 runs
+// on backends with the bf16 products, SwiGLU and the fused QK-norm + RoPE (Ops).
+bool bf16_acts(const Ops& ops, DType dtype);
+MemoryPlan memory_plan(const Config& cfg, DType dtype, int64_t B, int64_t T, bool bf16_acts);
 
 class Qwen3 {
  public:
@@ -73,7 +73,7 @@ class Qwen3 {
   // matmul_forward / matmul_backward with weight `off` [OC, IC]; bf16 runs hand the bf16
   // weight to the backend's bf16 products where it has them. out and dx come back rounded to
   // bf16 in bf16 runs (by those products, else here).
-  // Activations in bf16 storage only where the bf16w products run (bf16_ffn_).
+  // Activations in bf16 storage only where the bf16w products run (bf16_acts_).
   void linear_forward(Act out, Act x, size_t off, int64_t IC, int64_t OC);
   void linear_backward(Act dx, Act dout, Act x, size_t off, int64_t IC, int64_t OC);
   bool fused(size_t off) const;  // takes its SGD step in linear_backward (fuse_lr_ > 0)
@@ -91,8 +91,9 @@ class Qwen3 {
   // the backend steps this dtype's matrices inside backward (declared after dtype_, ops_)
   const bool can_fuse_ = dtype_ == DType::f32 ? ops_.matmul_backward_sgd != nullptr
                                               : ops_.matmul_backward_sgd_bf16w != nullptr;
-  // ab, m, dab, dm hold bf16 bits (their float* views then point at uint16_t arrays)
-  const bool bf16_ffn_ = bf16_ffn(ops_, dtype_);
+  // qkv, ab, m, qkv_ (dqkv), dab, dm hold bf16 bits (their float* views then point at
+  // uint16_t arrays)
+  const bool bf16_acts_ = bf16_acts(ops_, dtype_);
   void *params_, *grads_;  // float or uint16_t (bf16) [layout_.total]
   float *acts_, *scratch_;
   float *wbuf_ = nullptr, *gbuf_ = nullptr;  // bf16 mode: [largest parameter]
