@@ -189,6 +189,14 @@ void rope_backward(float* dx, const float* dout, const float* cos, const float* 
 
 constexpr int64_t kAhead = 256, kStep = 64;  // floats: fetch distance, and the run per fetch
 
+// f32_to_bf16 without a branch, so that loops that call it vectorize
+static inline uint16_t bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
 static inline void round_row(float* x, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
@@ -215,6 +223,7 @@ static const float* group(const float* src, float*, int64_t) {
   return src;
 }
 static const float* group(const uint16_t* src, float* buf, int64_t n) {
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) buf[i] = bf16_to_f32(src[i]);
   return buf;
 }
@@ -302,8 +311,10 @@ static void qk_bwd(QKV* dqkv, float* dqw, float* dkw, const float* dq, const flo
           if (rnd) round_row(dst + i * D, D);
         }
         std::memcpy(dst + (G + 1) * D, dv + (n * KVH + g) * D, size_t(D) * sizeof(float));
-        if constexpr (h16)
-          for (int64_t e = 0; e < (G + 2) * D; ++e) out[e] = f32_to_bf16(dst[e]);
+        if constexpr (h16) {
+#pragma omp simd
+          for (int64_t e = 0; e < (G + 2) * D; ++e) out[e] = bf16_bits(dst[e]);
+        }
       }
     }
   }
@@ -516,13 +527,6 @@ void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, 
   }
 }
 
-// f32_to_bf16 without a branch, so that the loops below vectorize
-static inline uint16_t bf16_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
 // The same arithmetic as the fp32-storage passes above, on bf16 storage (fetching as far ahead
 // in bytes)
 void swiglu_forward_bf16(uint16_t* out, const uint16_t* ab, int64_t N, int64_t F) {
