@@ -178,7 +178,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
 
 // Attention on every kernel set this CPU can run (cpu/attention_driver.h), at shapes with
 // several query blocks, head dims that are no multiple of a tile and the model's own: against
-// the reference (fp32; the bf16 kind on bf16 inputs), and bit for bit at 1, 2 and 3 threads
+// the reference (fp32; the bf16 kind on bf16 inputs, and bit for bit the same with every
+// activation in bf16 storage), and bit for bit at 1, 2 and 3 threads
 // (threads claim tasks one ahead: some shapes have fewer tasks than threads).
 TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
   for (const AttnShape sh : {AttnShape{1, 200, 4, 2, 128}, AttnShape{2, 97, 3, 1, 20},
@@ -220,6 +221,25 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
             const bool rounded =
                 std::all_of(x->begin(), x->end(), [](float f) { return f == round_bf16(f); });
             EXPECT_TRUE(rounded || !bf) << what << ": an output is not a bf16 value";
+          }
+          if (bf) {  // [2], every activation in bf16 storage: the same bits
+            const auto to16 = [](const std::vector<float>& x) {
+              std::vector<uint16_t> h(x.size());
+              for (size_t i = 0; i < x.size(); ++i) h[i] = f32_to_bf16(x[i]);
+              return h;
+            };
+            const auto f = [](std::vector<uint16_t>& h) { return reinterpret_cast<float*>(h.data()); };
+            std::vector<uint16_t> q16 = to16(qf), k16 = to16(kf), v16 = to16(vf), G16 = to16(Gf),
+                                  o16(nq, 1), dq16(nq, 1), dk16(nk, 1), dv16(nk, 1);
+            std::vector<float> lse16(B * H * T);
+            set->attn_fwd[2](f(o16), lse16.data(), f(q16), f(k16), f(v16), B, T, H, KVH, D);
+            set->attn_bwd[2](f(dq16), f(dk16), f(dv16), f(G16), f(o16), lse16.data(), f(q16),
+                             f(k16), f(v16), B, T, H, KVH, D);
+            EXPECT_EQ(o16, to16(of)) << what << " in bf16 storage";
+            EXPECT_EQ(lse16, lsef) << what << " in bf16 storage";
+            EXPECT_EQ(dq16, to16(dqf)) << what << " in bf16 storage";
+            EXPECT_EQ(dk16, to16(dkf)) << what << " in bf16 storage";
+            EXPECT_EQ(dv16, to16(dvf)) << what << " in bf16 storage";
           }
           out[threads - 1] = of;
           out[threads - 1].insert(out[threads - 1].end(), lsef.begin(), lsef.end());
@@ -442,11 +462,10 @@ TEST_P(QkNormRope, EqualsTheSplitNormsAndRotations) {
     // fused
     std::vector<float> fq(HD), fk(KD), fv(KD), fqrs(N * H), fkrs(N * KVH), fdqkv(N * R, 7.0f),
         fdw(2 * D, 0.5f);
-    const Act in{const_cast<float*>(qkv.data())};
-    cpu::qk_norm_rope_forward(fq.data(), fk.data(), fv.data(), fqrs.data(), fkrs.data(), in, qw, kw,
-                              cs.data(), sn.data(), B, T, H, KVH, D, 1e-6, rnd);
-    cpu::qk_norm_rope_backward({fdqkv.data()}, fdw.data(), fdw.data() + D, dq.data(), dk.data(),
-                               dvi.data(), in, fqrs.data(), fkrs.data(), qw, kw, cs.data(),
+    cpu::qk_norm_rope_forward(fq.data(), fk.data(), fv.data(), fqrs.data(), fkrs.data(), qkv.data(),
+                              qw, kw, cs.data(), sn.data(), B, T, H, KVH, D, 1e-6, rnd);
+    cpu::qk_norm_rope_backward(fdqkv.data(), fdw.data(), fdw.data() + D, dq.data(), dk.data(),
+                               dvi.data(), qkv.data(), fqrs.data(), fkrs.data(), qw, kw, cs.data(),
                                sn.data(), B, T, H, KVH, D, rnd);
     const std::string what = rnd ? "rounded" : "fp32";
     EXPECT_EQ(fq, q) << what;
@@ -458,33 +477,37 @@ TEST_P(QkNormRope, EqualsTheSplitNormsAndRotations) {
     EXPECT_LT(rel_l2(fdw, dw), 1e-6) << what;  // added into
     if (!rnd) continue;
     for (float x : fdqkv) ASSERT_EQ(x, round_bf16(x));
-    // qkv and dqkv in bf16 storage (bf16 runs): the same bits on the same (bf16) projection
-    std::vector<float> qkvr = qkv, q2(HD), k2(KD), v2(KD), qrs2(N * H), krs2(N * KVH),
-                       dqkv2(N * R), dw2(2 * D, 0.5f), q3 = q2, k3 = k2, v3 = v2, qrs3 = qrs2,
-                       krs3 = krs2, dw3 = dw2;
-    rb(qkvr);
-    std::vector<uint16_t> qkv16(qkvr.size()), dqkv16(qkvr.size(), 0x7fc1);
-    for (size_t i = 0; i < qkvr.size(); ++i) qkv16[i] = f32_to_bf16(qkvr[i]);
+    // every activation in bf16 storage (bf16 runs): the same bits on the same bf16 inputs
+    std::vector<float> qkvr = qkv, dqr2 = dq, dkr2 = dk, q2(HD), k2(KD), v2(KD), qrs2(N * H),
+                       krs2(N * KVH), dqkv2(N * R), dw2(2 * D, 0.5f), qrs3 = qrs2, krs3 = krs2,
+                       dw3 = dw2;
+    rb(qkvr), rb(dqr2), rb(dkr2);
     cpu::qk_norm_rope_forward(q2.data(), k2.data(), v2.data(), qrs2.data(), krs2.data(),
-                              {qkvr.data()}, qw, kw, cs.data(), sn.data(), B, T, H, KVH, D, 1e-6,
+                              qkvr.data(), qw, kw, cs.data(), sn.data(), B, T, H, KVH, D, 1e-6,
                               true);
-    cpu::qk_norm_rope_backward({dqkv2.data()}, dw2.data(), dw2.data() + D, dq.data(), dk.data(),
-                               dvi.data(), {qkvr.data()}, qrs2.data(), krs2.data(), qw, kw,
-                               cs.data(), sn.data(), B, T, H, KVH, D, true);
-    cpu::qk_norm_rope_forward(q3.data(), k3.data(), v3.data(), qrs3.data(), krs3.data(),
-                              {qkv16.data(), true}, qw, kw, cs.data(), sn.data(), B, T, H, KVH, D,
-                              1e-6, true);
-    cpu::qk_norm_rope_backward({dqkv16.data(), true}, dw3.data(), dw3.data() + D, dq.data(),
-                               dk.data(), dvi.data(), {qkv16.data(), true}, qrs3.data(),
-                               krs3.data(), qw, kw, cs.data(), sn.data(), B, T, H, KVH, D, true);
-    EXPECT_EQ(q3, q2);
-    EXPECT_EQ(k3, k2);
-    EXPECT_EQ(v3, v2);
+    cpu::qk_norm_rope_backward(dqkv2.data(), dw2.data(), dw2.data() + D, dqr2.data(), dkr2.data(),
+                               dvi.data(), qkvr.data(), qrs2.data(), krs2.data(), qw, kw, cs.data(),
+                               sn.data(), B, T, H, KVH, D, true);
+    const auto to16 = [](const std::vector<float>& x) {
+      std::vector<uint16_t> h(x.size());
+      for (size_t i = 0; i < x.size(); ++i) h[i] = f32_to_bf16(x[i]);
+      return h;
+    };
+    const auto f = [](std::vector<uint16_t>& h) { return reinterpret_cast<float*>(h.data()); };
+    std::vector<uint16_t> qkv16 = to16(qkvr), dq16 = to16(dqr2), dk16 = to16(dkr2),
+                          dv16 = to16(dvi), q16(HD, 1), k16(KD, 1), v16(KD, 1), dqkv16(N * R, 1);
+    cpu::qk_norm_rope_forward(f(q16), f(k16), f(v16), qrs3.data(), krs3.data(), f(qkv16), qw, kw,
+                              cs.data(), sn.data(), B, T, H, KVH, D, 1e-6, true, true);
+    cpu::qk_norm_rope_backward(f(dqkv16), dw3.data(), dw3.data() + D, f(dq16), f(dk16), f(dv16),
+                               f(qkv16), qrs3.data(), krs3.data(), qw, kw, cs.data(), sn.data(), B,
+                               T, H, KVH, D, true, true);
+    EXPECT_EQ(q16, to16(q2));
+    EXPECT_EQ(k16, to16(k2));
+    EXPECT_EQ(v16, to16(v2));
     EXPECT_EQ(qrs3, qrs2);
     EXPECT_EQ(krs3, krs2);
     EXPECT_EQ(dw3, dw2);
-    for (size_t i = 0; i < dqkv2.size(); ++i)
-      ASSERT_EQ(dqkv16[i], f32_to_bf16(dqkv2[i])) << "bf16 dqkv at " << i;
+    EXPECT_EQ(dqkv16, to16(dqkv2));
   }
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, QkNormRope,

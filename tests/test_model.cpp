@@ -274,11 +274,13 @@ TEST(MemoryPlan, CountsEveryArena) {
   EXPECT_EQ(mb.grads, mb.params);
   EXPECT_EQ(mb.activations, mp.activations);
   EXPECT_EQ(mb.scratch, mp.scratch + 2u * (2 * 3072 * 256) * 4);
-  // with activations in bf16 storage: qkv [N, 4096], ab [N, 2F] and m [N, F] of each of the
-  // 8 layers, and their gradients' scratch, take half the bytes
+  // with activations in bf16 storage: qkv [N, 4096], q and att [N, 2048], k and v [N, 1024],
+  // ab [N, 2F] and m [N, F] of each of the 8 layers, and the scratch of their gradients, take
+  // half the bytes
+  const size_t halved = 4096 + 2 * 2048 + 2 * 1024 + 3 * 3072;  // per token
   const MemoryPlan mh = memory_plan(preset("debugmodel"), DType::bf16, 1, 32, true);
-  EXPECT_EQ(mh.activations, mb.activations - 8u * 32 * (4096 + 3 * 3072) * 2);
-  EXPECT_EQ(mh.scratch, mb.scratch - 32u * (4096 + 3 * 3072) * 2);
+  EXPECT_EQ(mh.activations, mb.activations - 8u * 32 * halved * 2);
+  EXPECT_EQ(mh.scratch, mb.scratch - 32u * halved * 2);
 }
 
 }  // namespace

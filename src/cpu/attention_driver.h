@@ -22,6 +22,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "cpu/gemm_driver.h"
 #include "cpu/vexp.h"
@@ -43,11 +45,13 @@ inline int64_t round_up(int64_t a, int64_t m) {
 class RowFetch {
  public:
   void clear() { n_ = cur_ = 0, row_ = line_ = 0, left_ = 0; }
-  // rows [0, rows) of p, `stride` floats apart, their first `floats` floats
-  void add(const float* p, int64_t stride, int64_t rows, int64_t floats) {
+  // rows [0, rows) of p, `stride` elements apart, their first n elements
+  template <class E>
+  void add(const E* p, int64_t stride, int64_t rows, int64_t n) {
     if (rows <= 0 || n_ == kRuns) return;
-    const int64_t lines = (floats * 4 + 63) / 64;
-    runs_[n_++] = {reinterpret_cast<const char*>(p), stride * 4, rows, lines};
+    constexpr int64_t es = sizeof(E);
+    const int64_t lines = (n * es + 63) / 64;
+    runs_[n_++] = {reinterpret_cast<const char*>(p), stride * es, rows, lines};
     left_ += rows * lines;
   }
   // spread what is queued over `calls` calls of step()
@@ -112,10 +116,10 @@ void pack_dims_b(uint32_t* dst, const View& Xt, int64_t D, int64_t K, int64_t SK
 // C[nq, D] (row stride ldc) = M[q][j] Y[j][d], M the block's probabilities or score
 // gradients held transposed in St: each A panel of MR queries sums the keys they see.
 // Yb: Y as B panels of NR dims over keys (pack_dims_b, ST slots each); Ap: one panel.
-// rnd: C stored rounded to bf16.
-template <class Kern, Slot SL>
-void query_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32_t* Ap, int64_t D,
-                int64_t ST, int64_t q0, int64_t nq, bool rnd, RowFetch& pf) {
+// C (E: float, or uint16_t for bf16 storage) stored as st says.
+template <class Kern, Slot SL, class E>
+void query_rows(E* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32_t* Ap, int64_t D,
+                int64_t ST, int64_t q0, int64_t nq, Store st, RowFetch& pf) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
   constexpr int64_t per = per_slot(SL);
   for (int64_t a = 0; a < nq; a += MR) {
@@ -124,15 +128,15 @@ void query_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint
     pf.step();
     if constexpr (Kern::kInPlaceA && per == 1) {  // St's rows are the A slots
       for (int64_t d = 0; d < D; d += NR)
-        Kern::micro_cols(S, St + a, kAttnQB, Yb + d * ST, C + a * ldc + d, ldc, mr,
-                         int(lo(NR, D - d)), false, rnd);
+        Kern::micro_cols(S, St + a, kAttnQB, Yb + d * ST, reinterpret_cast<float*>(C + a * ldc + d),
+                         ldc, mr, int(lo(NR, D - d)), false, st);
       continue;
     }
     Kern::template pack<SL>(Ap, View{St + a, false, 1, kAttnQB}, nq - a, e, 0, MR, 0, S);
     for (int64_t d = 0; d < D; d += NR)
-      Kern::template micro<SL, false>(S, Ap, Yb + d * ST, C + a * ldc + d, ldc, mr,
-                                      int(lo(NR, D - d)), false, 1.0f, nullptr, 0, nullptr, 0,
-                                      rnd ? Store::round : Store::f32);
+      Kern::template micro<SL, false>(S, Ap, Yb + d * ST, reinterpret_cast<float*>(C + a * ldc + d),
+                                      ldc, mr, int(lo(NR, D - d)), false, 1.0f, nullptr, 0, nullptr,
+                                      0, st);
   }
 }
 
@@ -163,14 +167,17 @@ void key_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32
   }
 }
 
-// Views of one sequence b: keys/values of kv head g, queries (and their gradients) of head h.
+// Views of one sequence b: keys/values of kv head g, queries (and their gradients) of head h
+// (E: fp32 or bf16 storage).
 struct AttnShape {
   int64_t B, T, H, KVH, D;
-  View kv(const float* x, int64_t b, int64_t g) const {  // (key j, dim d)
-    return {x + (b * T * KVH + g) * D, false, KVH * D, 1};
+  template <class E>
+  View kv(const E* x, int64_t b, int64_t g) const {  // (key j, dim d)
+    return {x + (b * T * KVH + g) * D, sizeof(E) == 2, KVH * D, 1};
   }
-  View kv_t(const float* x, int64_t b, int64_t g) const {  // (dim d, key j)
-    return {x + (b * T * KVH + g) * D, false, 1, KVH * D};
+  template <class E>
+  View kv_t(const E* x, int64_t b, int64_t g) const {  // (dim d, key j)
+    return {x + (b * T * KVH + g) * D, sizeof(E) == 2, 1, KVH * D};
   }
   template <class F>
   F* row(F* x, int64_t b, int64_t h, int64_t i) const {  // query i of head h
@@ -180,9 +187,9 @@ struct AttnShape {
   // queries in each of qs (up to 3 tensors), then slice `blk` of `nblk` of the keys and
   // values of task `next` (claimed, or >= B * KVH for none). After the task's last block the
   // next block is `next`'s first.
-  void plan(RowFetch& pf, const float* const* qs, int nqs, int64_t b, int64_t g, int64_t h,
-            int64_t q0, int64_t QB, const float* k, const float* v, int64_t next, int64_t blk,
-            int64_t nblk) const {
+  template <class E>
+  void plan(RowFetch& pf, const E* const* qs, int nqs, int64_t b, int64_t g, int64_t h, int64_t q0,
+            int64_t QB, const E* k, const E* v, int64_t next, int64_t blk, int64_t nblk) const {
     const int64_t G = H / KVH;
     pf.clear();
     if (q0 + QB < T || h + 1 < (g + 1) * G) {
@@ -201,9 +208,37 @@ struct AttnShape {
   }
 };
 
-template <class Kern, bool BF>
-void attn_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
-                  int64_t T, int64_t H, int64_t KVH, int64_t D) {
+// A row of n activations as fp32: in place, or widened from bf16 storage into buf
+inline const float* widen(const float* x, float*, int64_t) {
+  return x;
+}
+inline const float* widen(const uint16_t* x, float* buf, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = uint32_t(x[i]) << 16;
+    std::memcpy(buf + i, &u, 4);
+  }
+  return buf;
+}
+// sum a[i] b[i] by lanes: one function for both storages, so one order of sums (inlined into
+// each, the compiler vectorized them differently)
+__attribute__((noinline)) float row_dot(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// H16: q, k, v, out in bf16 storage (bf16 kind only; the pointers hold uint16_t)
+template <class Kern, bool BF, bool H16 = false>
+void attn_forward(float* out_, float* lse, const float* q_, const float* k_, const float* v_,
+                  int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
+  static_assert(BF || !H16);
+  using E = std::conditional_t<H16, uint16_t, float>;
+  E* out = reinterpret_cast<E*>(out_);
+  const E *q = reinterpret_cast<const E*>(q_), *k = reinterpret_cast<const E*>(k_),
+          *v = reinterpret_cast<const E*>(v_);
+  constexpr Store st = H16 ? Store::bf16 : BF ? Store::round : Store::f32;
   constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
   constexpr int64_t QB = kAttnQB, per = per_slot(SL);
   static_assert(QB % Kern::MR == 0 && QB % Kern::NR == 0);
@@ -238,7 +273,7 @@ void attn_forward(float* out, float* lse, const float* q, const float* k, const 
           sh.plan(pf, &q, 1, b, g, h, q0, QB, k, v, next, blk, nblk);
           pf.pace((nq + Kern::NR - 1) / Kern::NR * ((e + Kern::MR - 1) / Kern::MR) +
                   (nq + Kern::MR - 1) / Kern::MR);
-          score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), false, ldq, 1}, T, D, SD, q0,
+          score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), H16, ldq, 1}, T, D, SD, q0,
                                 nq, scale, pf);
           // softmax down each column c (query q0 + c sees keys j <= q0 + c); P = 0 where
           // masked, over all e keys the block's panels read
@@ -265,17 +300,26 @@ void attn_forward(float* out, float* lse, const float* q, const float* k, const 
             for (int64_t c = j > q0 ? j - q0 : 0; c < nq; ++c)
               s[c] = BF ? round_to_bf16(s[c] * sum[c]) : s[c] * sum[c];
           }
-          query_rows<Kern, SL>(sh.row(out, b, h, q0), ldq, St, VB, PA, D, ST, q0, nq, BF, pf);
+          query_rows<Kern, SL>(sh.row(out, b, h, q0), ldq, St, VB, PA, D, ST, q0, nq, st, pf);
           pf.finish();
         }
     }
   }
 }
 
-template <class Kern, bool BF>
-void attn_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                   const float* lse, const float* q, const float* k, const float* v, int64_t B,
+// H16: dq, dk, dv, dout, out, q, k, v in bf16 storage
+template <class Kern, bool BF, bool H16 = false>
+void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const float* out_,
+                   const float* lse, const float* q_, const float* k_, const float* v_, int64_t B,
                    int64_t T, int64_t H, int64_t KVH, int64_t D) {
+  static_assert(BF || !H16);
+  using E = std::conditional_t<H16, uint16_t, float>;
+  E *dq = reinterpret_cast<E*>(dq_), *dk = reinterpret_cast<E*>(dk_),
+    *dv = reinterpret_cast<E*>(dv_);
+  const E *dout = reinterpret_cast<const E*>(dout_), *out = reinterpret_cast<const E*>(out_),
+          *q = reinterpret_cast<const E*>(q_), *k = reinterpret_cast<const E*>(k_),
+          *v = reinterpret_cast<const E*>(v_);
+  constexpr Store st = H16 ? Store::bf16 : BF ? Store::round : Store::f32;
   constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
   constexpr int64_t QB = kAttnQB, per = per_slot(SL);
   const AttnShape sh{B, T, H, KVH, D};
@@ -304,13 +348,15 @@ void attn_backward(float* dq, float* dk, float* dv, const float* dout, const flo
     float* dKs = reinterpret_cast<float*>(XA + wX);
     float* dVs = dKs + wG;
     alignas(64) float rowdot[QB];
+    std::vector<float> wide_(H16 ? size_t(2 * D) : 0);  // a dO row and an O row (bf16 storage)
+    float* const wide = wide_.data();
     RowFetch pf;
-    const float* const reads[3] = {q, dout, out};
+    const E* const reads[3] = {q, dout, out};
     for (int64_t t = claim.fetch_add(1), next; t < ntask; t = next) {
       next = claim.fetch_add(1);
       const int64_t b = t / KVH, g = t % KVH;
       int64_t blk = 0;
-      float *dkg = dk + (b * T * KVH + g) * D, *dvg = dv + (b * T * KVH + g) * D;
+      E *dkg = dk + (b * T * KVH + g) * D, *dvg = dv + (b * T * KVH + g) * D;
       std::memset(dKs, 0, size_t(T * D) * sizeof(float));
       std::memset(dVs, 0, size_t(T * D) * sizeof(float));
       pack_keys_a<Kern, SL>(KA, sh.kv(k, b, g), T, D, SD);
@@ -319,22 +365,18 @@ void attn_backward(float* dq, float* dk, float* dv, const float* dout, const flo
       for (int64_t h = g * G; h < (g + 1) * G; ++h)
         for (int64_t q0 = 0; q0 < T; q0 += QB, ++blk) {
           const int64_t nq = lo(QB, T - q0), e = q0 + nq;
-          const float *qh = sh.row(q, b, h, q0), *oh = sh.row(out, b, h, q0),
-                      *gh = sh.row(dout, b, h, q0);
+          const E *qh = sh.row(q, b, h, q0), *oh = sh.row(out, b, h, q0),
+                  *gh = sh.row(dout, b, h, q0);
           sh.plan(pf, reads, 3, b, g, h, q0, QB, k, v, next, blk, nblk);
           const int64_t sp = (nq + Kern::NR - 1) / Kern::NR * ((e + Kern::MR - 1) / Kern::MR),
                         kp = (e + Kern::MR - 1) / Kern::MR;
           pf.pace(2 * sp + 2 * kp + (nq + Kern::MR - 1) / Kern::MR);
-          score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), false, ldq, 1}, T, D, SD, q0,
+          score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), H16, ldq, 1}, T, D, SD, q0,
                                 nq, scale, pf);
-          score_tiles<Kern, SL>(dSt, VA, OP, View{sh.row(dout, b, h, 0), false, ldq, 1}, T, D, SD,
+          score_tiles<Kern, SL>(dSt, VA, OP, View{sh.row(dout, b, h, 0), H16, ldq, 1}, T, D, SD,
                                 q0, nq, 1.0f, pf);
-          for (int64_t c = 0; c < nq; ++c) {  // rowsum(dO O)
-            float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-            for (int64_t d = 0; d < D; ++d) s += gh[c * ldq + d] * oh[c * ldq + d];
-            rowdot[c] = s;
-          }
+          for (int64_t c = 0; c < nq; ++c)  // rowsum(dO O)
+            rowdot[c] = row_dot(widen(gh + c * ldq, wide, D), widen(oh + c * ldq, wide + D, D), D);
           // P = exp(S - lse), dS = P (dP - rowsum(dO O)) scale; 0 where masked. The bf16 kind
           // rounds both here, so its products may read them in place (packing would round
           // them again, to the same values); the forward rounds P likewise.
@@ -351,20 +393,26 @@ void attn_backward(float* dq, float* dk, float* dv, const float* dout, const flo
             }
           }
           // dV += Pᵀ dO, dK += dSᵀ Q, dQ = dS K
-          pack_dims_b<Kern, SL>(OT, View{gh, false, 1, ldq}, D, nq, SQ);
-          pack_dims_b<Kern, SL>(QT, View{qh, false, 1, ldq}, D, nq, SQ);
+          pack_dims_b<Kern, SL>(OT, View{gh, H16, 1, ldq}, D, nq, SQ);
+          pack_dims_b<Kern, SL>(QT, View{qh, H16, 1, ldq}, D, nq, SQ);
           key_rows<Kern, SL>(dVs, D, St, OT, XA, D, SQ, q0, nq, pf);
           key_rows<Kern, SL>(dKs, D, dSt, QT, XA, D, SQ, q0, nq, pf);
-          query_rows<Kern, SL>(sh.row(dq, b, h, q0), ldq, dSt, KB, XA, D, ST, q0, nq, BF, pf);
+          query_rows<Kern, SL>(sh.row(dq, b, h, q0), ldq, dSt, KB, XA, D, ST, q0, nq, st, pf);
           pf.finish();
         }
       // dK and dV are whole: stored (the bf16 kind rounded) past the caches, being read only
-      // after the whole backward (layer backward -1.4 % at W2 fp32, layers alternating)
-      for (int64_t j = 0; j < T; ++j) {
-        Kern::store_nt(dkg + j * ldk, dKs + j * D, D, BF);
-        Kern::store_nt(dvg + j * ldk, dVs + j * D, D, BF);
+      // after the whole backward (layer backward -1.4 % at W2 fp32, layers alternating); in
+      // bf16 storage as they are
+      if constexpr (H16) {
+        store_rounded(dkg, ldk, dKs, D, int(T), int(D));
+        store_rounded(dvg, ldk, dVs, D, int(T), int(D));
+      } else {
+        for (int64_t j = 0; j < T; ++j) {
+          Kern::store_nt(dkg + j * ldk, dKs + j * D, D, BF);
+          Kern::store_nt(dvg + j * ldk, dVs + j * D, D, BF);
+        }
+        _mm_sfence();
       }
-      _mm_sfence();
     }
   }
 }

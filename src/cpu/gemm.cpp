@@ -58,8 +58,10 @@ const GemmSet* gemm_set(Isa isa) {
                                avx512::kernels.f32,
                                avx2::kernels.bf16,
                                avx2::kernels.bf16_sgd,
-                               {avx512::kernels.attn_fwd[0], avx2::kernels.attn_fwd[1]},
-                               {avx512::kernels.attn_bwd[0], avx2::kernels.attn_bwd[1]}};
+                               {avx512::kernels.attn_fwd[0], avx2::kernels.attn_fwd[1],
+                                avx2::kernels.attn_fwd[2]},
+                               {avx512::kernels.attn_bwd[0], avx2::kernels.attn_bwd[1],
+                                avx2::kernels.attn_bwd[2]}};
   if (isa == Isa::avx512)
     return cpu_avx512bf16() ? &avx512::kernels : cpu_avx512() ? &k512 : nullptr;
   return cpu_avx2() ? &avx2::kernels : nullptr;
@@ -93,18 +95,18 @@ void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W,
   active()->bf16_sgd(M, N, K, A, B, W, ldw, lr);
 }
 
-void attention_forward_kernels(bool bf16, float* out, float* lse, const float* q, const float* k,
+void attention_forward_kernels(bool bf16, bool h16, float* out, float* lse, const float* q, const float* k,
                                const float* v, int64_t B, int64_t T, int64_t H, int64_t KVH,
                                int64_t D) {
   if (!active()) std::abort();
-  active()->attn_fwd[bf16](out, lse, q, k, v, B, T, H, KVH, D);
+  active()->attn_fwd[bf16 ? 1 + h16 : 0](out, lse, q, k, v, B, T, H, KVH, D);
 }
-void attention_backward_kernels(bool bf16, float* dq, float* dk, float* dv, const float* dout,
+void attention_backward_kernels(bool bf16, bool h16, float* dq, float* dk, float* dv, const float* dout,
                                 const float* out, const float* lse, const float* q, const float* k,
                                 const float* v, int64_t B, int64_t T, int64_t H, int64_t KVH,
                                 int64_t D) {
   if (!active()) std::abort();
-  active()->attn_bwd[bf16](dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
+  active()->attn_bwd[bf16 ? 1 + h16 : 0](dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
 }
 
 }  // namespace tq::cpu

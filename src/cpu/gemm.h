@@ -38,8 +38,10 @@ struct GemmSet {
   const char* name;  // "avx512_bf16", "avx512", "avx2"
   GemmFn f32, bf16;
   GemmSgdFn bf16_sgd;
-  AttnFwdFn attn_fwd[2];  // causal attention (cpu/attention_driver.h): [0] f32, [1] bf16 kind
-  AttnBwdFn attn_bwd[2];
+  // causal attention (cpu/attention_driver.h): [0] f32, [1] bf16 kind, [2] bf16 kind with its
+  // activations (q, k, v, out and their gradients) in bf16 storage (the pointers hold uint16_t)
+  AttnFwdFn attn_fwd[3];
+  AttnBwdFn attn_bwd[3];
 };
 enum class Isa { avx2, avx512 };
 // The set of one instruction set, or nullptr when this CPU cannot run it (tests run each
@@ -62,11 +64,12 @@ void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W,
                    float lr);
 
 // Causal attention of cpu/layers.h on these kernels (bf16: the bf16 kind's products, P and dS
-// rounded to bf16 as they are made, and out, dq, dk, dv stored rounded to bf16).
-void attention_forward_kernels(bool bf16, float* out, float* lse, const float* q, const float* k,
+// rounded to bf16 as they are made, and out, dq, dk, dv stored rounded to bf16; h16: with
+// every activation in bf16 storage, GemmSet::attn_fwd[2]).
+void attention_forward_kernels(bool bf16, bool h16, float* out, float* lse, const float* q, const float* k,
                                const float* v, int64_t B, int64_t T, int64_t H, int64_t KVH,
                                int64_t D);
-void attention_backward_kernels(bool bf16, float* dq, float* dk, float* dv, const float* dout,
+void attention_backward_kernels(bool bf16, bool h16, float* dq, float* dk, float* dv, const float* dout,
                                 const float* out, const float* lse, const float* q, const float* k,
                                 const float* v, int64_t B, int64_t T, int64_t H, int64_t KVH,
                                 int64_t D);

@@ -365,10 +365,9 @@ struct Kern {
   // attention (cpu/attention_driver.h): its probabilities and score gradients read in place,
   // by rows (micro_inplace) or by slots lda apart
   static void micro_cols(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,
-                         int64_t ldc, int mr, int nr, bool acc, bool rnd = false) {
+                         int64_t ldc, int mr, int nr, bool acc, Store st = Store::f32) {
     cpu::micro<false, ASrc::f32_cols>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr, nr,
-                                      acc, 1.0f, nullptr, 0, nullptr, 0, lda,
-                                      rnd ? Store::round : Store::f32);
+                                      acc, 1.0f, nullptr, 0, nullptr, 0, lda, st);
   }
 };
 
@@ -379,8 +378,10 @@ extern const GemmSet kernels = {"avx2",
                                 gemm<Kern, false>,
                                 gemm<Kern, true>,
                                 gemm_sgd16<Kern>,
-                                {attn_forward<Kern, false>, attn_forward<Kern, true>},
-                                {attn_backward<Kern, false>, attn_backward<Kern, true>}};
+                                {attn_forward<Kern, false>, attn_forward<Kern, true>,
+                                 attn_forward<Kern, true, true>},
+                                {attn_backward<Kern, false>, attn_backward<Kern, true>,
+                                 attn_backward<Kern, true, true>}};
 }  // namespace avx2
 
 }  // namespace tq::cpu

@@ -432,12 +432,11 @@ struct Kern {
   // attention (cpu/attention_driver.h), fp32: its probabilities and score gradients read in
   // place, by rows (micro_inplace) or by slots lda apart
   static void micro_cols(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,
-                         int64_t ldc, int mr, int nr, bool acc, bool rnd = false,
+                         int64_t ldc, int mr, int nr, bool acc, Store st = Store::f32,
                          float alpha = 1.0f, const float* init = nullptr, int64_t ldi = 0,
                          const char* const* pf = nullptr, int npf = 0) {
     cpu::micro<false, false, ASrc::cols>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr, nr,
-                                         acc, alpha, init, ldi, pf, npf, lda,
-                                         rnd ? Store::round : Store::f32);
+                                         acc, alpha, init, ldi, pf, npf, lda, st);
   }
 };
 
@@ -448,8 +447,10 @@ extern const GemmSet kernels = {"avx512_bf16",
                                 gemm<Kern, false>,
                                 gemm<Kern, true>,
                                 gemm_sgd16<Kern>,
-                                {attn_forward<Kern, false>, attn_forward<Kern, true>},
-                                {attn_backward<Kern, false>, attn_backward<Kern, true>}};
+                                {attn_forward<Kern, false>, attn_forward<Kern, true>,
+                                 attn_forward<Kern, true, true>},
+                                {attn_backward<Kern, false>, attn_backward<Kern, true>,
+                                 attn_backward<Kern, true, true>}};
 }  // namespace avx512
 
 }  // namespace tq::cpu

@@ -26,7 +26,7 @@
 //     in_place(bf16_kind, A, K)   whether micro_inplace can read these rows
 //     micro_inplace(S, A, bf16, lda, B, C, ldc, mr, nr, acc, pf, npf),
 //     store_t(C, ldc, T, mr, nr, st),
-//     micro_cols(S, A, lda, B, C, ldc, mr, nr, acc, rnd[, alpha, init, ldi, pf, npf])
+//     micro_cols(S, A, lda, B, C, ldc, mr, nr, acc, st[, alpha, init, ldi, pf, npf])
 //                          (each documented with its kernel set)
 //   kScaledColsA           whether scaled sums (alpha, SGD) read a rows-contiguous fp32 A in
 //                          place with micro_cols instead of packing it (needs kInPlaceA, and
@@ -398,14 +398,14 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           if (acols && mr == MR) {
             const float* ap = static_cast<const float*>(A.p) + (pc + s0) * A.ks + ic + ir;
             if ((finish && !last) || s0 + sn < kc)
-              Kern::micro_cols(sn, ap, A.ks, b, tp, NCB, mr, nr, earlier, false, 1.0f, nullptr, 0,
-                               pf, np);
+              Kern::micro_cols(sn, ap, A.ks, b, tp, NCB, mr, nr, earlier, Store::f32, 1.0f, nullptr,
+                               0, pf, np);
             else if (earlier)
-              Kern::micro_cols(sn, ap, A.ks, b, c, ldc, mr, nr, accumulate, st == Store::round,
-                               alpha, tp, NCB, pf, np);
+              Kern::micro_cols(sn, ap, A.ks, b, c, ldc, mr, nr, accumulate, st, alpha, tp, NCB, pf,
+                               np);
             else
-              Kern::micro_cols(sn, ap, A.ks, b, c, ldc, mr, nr, accumulate || pc > 0,
-                               sl == Store::round, last ? alpha : 1.0f, nullptr, 0, pf, np);
+              Kern::micro_cols(sn, ap, A.ks, b, c, ldc, mr, nr, accumulate || pc > 0, sl,
+                               last ? alpha : 1.0f, nullptr, 0, pf, np);
             return;
           }
         if (acols) {  // the last rows: packed here (in place, their slots would run past A)

@@ -217,67 +217,77 @@ static inline void fetch(const uint16_t* p, int64_t n, bool write) {
 // The qkv split, QK-norm and RoPE in one pass over each token's fused projection row: per
 // kv group g of a row, [G query heads | key | value] (spec §3). Row by row the arithmetic
 // (and, for a fixed thread count dividing N, the order of the norm weights' gradient sums)
-// is that of the unfused ops. qkv and dqkv in fp32 or bf16 storage (QKV: float or uint16_t);
-// a bf16 group is widened into a buffer first (and dqkv's narrowed from one).
-static const float* group(const float* src, float*, int64_t) {
+// is that of the unfused ops. Activations in fp32 or (h16) bf16 storage (E: float or
+// uint16_t); in bf16 a row is widened into a buffer first, or narrowed from one after.
+static const float* widen(const float* src, float*, int64_t) {
   return src;
 }
-static const float* group(const uint16_t* src, float* buf, int64_t n) {
+static const float* widen(const uint16_t* src, float* buf, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) buf[i] = bf16_to_f32(src[i]);
   return buf;
 }
-template <class QKV>
-static void qk_fwd(float* q, float* k, float* v, float* qrstd, float* krstd, const QKV* qkv,
-                   const float* qw, const float* kw, const float* cos, const float* sin, int64_t B,
-                   int64_t T, int64_t H, int64_t KVH, int64_t D, double eps, bool rnd) {
+static void narrow(float* dst, const float* src, int64_t n) {
+  if (dst != src) std::memcpy(dst, src, size_t(n) * sizeof(float));
+}
+static void narrow(uint16_t* dst, const float* src, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits(src[i]);
+}
+template <class E>
+static void qk_fwd(E* q, E* k, E* v, float* qrstd, float* krstd, const E* qkv, const float* qw,
+                   const float* kw, const float* cos, const float* sin, int64_t B, int64_t T,
+                   int64_t H, int64_t KVH, int64_t D, double eps, bool rnd) {
+  constexpr bool h16 = std::is_same_v<E, uint16_t>;
   const int64_t G = H / KVH, R = (H + 2 * KVH) * D, D2 = D / 2, N = B * T;
 #pragma omp parallel if (N * R > 16384)
   {
     std::vector<float> y(static_cast<size_t>(D));  // the normalized row before its rotation
-    std::vector<float> wide(static_cast<size_t>((G + 2) * D));
+    std::vector<float> wide(static_cast<size_t>(h16 ? (G + 3) * D : 0));  // group, out row
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const float *c = cos + (n % T) * D2, *s = sin + (n % T) * D2;
       for (int64_t g = 0; g < KVH; ++g) {
-        const QKV* in = qkv + n * R + g * (G + 2) * D;
+        const E* in = qkv + n * R + g * (G + 2) * D;
         if (n + 1 < N) {  // this group's rows of the next token
           fetch(in + R, (G + 2) * D, false);
           fetch(q + ((n + 1) * H + g * G) * D, G * D, true);
           fetch(k + ((n + 1) * KVH + g) * D, D, true);
           fetch(v + ((n + 1) * KVH + g) * D, D, true);
         }
-        const float* src = group(in, wide.data(), (G + 2) * D);
+        const float* src = widen(in, wide.data(), (G + 2) * D);
         for (int64_t i = 0; i <= G; ++i) {  // G query heads, then the key
           const bool key = i == G;
           const int64_t row = key ? n * KVH + g : n * H + g * G + i;
           (key ? krstd : qrstd)[row] = rms_row(y.data(), src + i * D, key ? kw : qw, D, eps);
           if (rnd) round_row(y.data(), D);
-          float* o = (key ? k : q) + row * D;
+          E* oe = (key ? k : q) + row * D;
+          float* o = h16 ? wide.data() + (G + 2) * D : reinterpret_cast<float*>(oe);
           rope_row(o, y.data(), c, s, D2, 1.0f);
           if (rnd) round_row(o, D);
+          narrow(oe, o, D);
         }
-        std::memcpy(v + (n * KVH + g) * D, src + (G + 1) * D, size_t(D) * sizeof(float));
+        std::memcpy(v + (n * KVH + g) * D, in + (G + 1) * D, size_t(D) * sizeof(E));
       }
     }
   }
 }
-void qk_norm_rope_forward(float* q, float* k, float* v, float* qrstd, float* krstd, Act qkv,
-                          const float* qw, const float* kw, const float* cos, const float* sin,
-                          int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, double eps,
-                          bool rnd) {
-  if (qkv.bf16)
-    return qk_fwd(q, k, v, qrstd, krstd, static_cast<const uint16_t*>(qkv.p), qw, kw, cos, sin, B,
-                  T, H, KVH, D, eps, rnd);
-  qk_fwd(q, k, v, qrstd, krstd, static_cast<const float*>(qkv.p), qw, kw, cos, sin, B, T, H, KVH,
-         D, eps, rnd);
+void qk_norm_rope_forward(float* q, float* k, float* v, float* qrstd, float* krstd,
+                          const float* qkv, const float* qw, const float* kw, const float* cos,
+                          const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                          double eps, bool rnd, bool h16) {
+  if (!h16)
+    return qk_fwd(q, k, v, qrstd, krstd, qkv, qw, kw, cos, sin, B, T, H, KVH, D, eps, rnd);
+  const auto b16 = [](auto* p) { return reinterpret_cast<uint16_t*>(p); };
+  qk_fwd(b16(q), b16(k), b16(v), qrstd, krstd, reinterpret_cast<const uint16_t*>(qkv), qw, kw,
+         cos, sin, B, T, H, KVH, D, eps, rnd);
 }
-template <class QKV>
-static void qk_bwd(QKV* dqkv, float* dqw, float* dkw, const float* dq, const float* dk,
-                   const float* dv, const QKV* qkv, const float* qrstd, const float* krstd,
-                   const float* qw, const float* kw, const float* cos, const float* sin, int64_t B,
-                   int64_t T, int64_t H, int64_t KVH, int64_t D, bool rnd) {
-  constexpr bool h16 = std::is_same_v<QKV, uint16_t>;
+template <class E>
+static void qk_bwd(E* dqkv, float* dqw, float* dkw, const E* dq, const E* dk, const E* dv,
+                   const E* qkv, const float* qrstd, const float* krstd, const float* qw,
+                   const float* kw, const float* cos, const float* sin, int64_t B, int64_t T,
+                   int64_t H, int64_t KVH, int64_t D, bool rnd) {
+  constexpr bool h16 = std::is_same_v<E, uint16_t>;
   const int64_t G = H / KVH, R = (H + 2 * KVH) * D, D2 = D / 2, N = B * T;
   const int nt = omp_get_max_threads();
   std::vector<float> part(size_t(nt) * 2 * D, 0.0f);  // per thread: dqw, dkw partial sums
@@ -285,13 +295,14 @@ static void qk_bwd(QKV* dqkv, float* dqw, float* dkw, const float* dq, const flo
   {
     float* mq = part.data() + size_t(omp_get_thread_num()) * 2 * D;
     std::vector<float> gr(static_cast<size_t>(D));  // the row's gradient before the rotation
-    std::vector<float> wide(static_cast<size_t>(h16 ? 2 * (G + 2) * D : 0));
+    // the group, its gradient, an incoming gradient row
+    std::vector<float> wide(static_cast<size_t>(h16 ? (2 * (G + 2) + 1) * D : 0));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const float *c = cos + (n % T) * D2, *s = sin + (n % T) * D2;
       for (int64_t g = 0; g < KVH; ++g) {
-        const QKV* in = qkv + n * R + g * (G + 2) * D;
-        QKV* out = dqkv + n * R + g * (G + 2) * D;
+        const E* in = qkv + n * R + g * (G + 2) * D;
+        E* out = dqkv + n * R + g * (G + 2) * D;
         if (n + 1 < N) {  // this group's rows of the next token
           fetch(in + R, (G + 2) * D, false);
           fetch(out + R, (G + 2) * D, true);
@@ -299,22 +310,20 @@ static void qk_bwd(QKV* dqkv, float* dqw, float* dkw, const float* dq, const flo
           fetch(dk + ((n + 1) * KVH + g) * D, D, false);
           fetch(dv + ((n + 1) * KVH + g) * D, D, false);
         }
-        const float* src = group(in, wide.data(), (G + 2) * D);
+        const float* src = widen(in, wide.data(), (G + 2) * D);
         float* dst = h16 ? wide.data() + (G + 2) * D : reinterpret_cast<float*>(out);
         for (int64_t i = 0; i <= G; ++i) {
           const bool key = i == G;
           const int64_t row = key ? n * KVH + g : n * H + g * G + i;
-          rope_row(gr.data(), (key ? dk : dq) + row * D, c, s, D2, -1.0f);
+          const float* gi = widen((key ? dk : dq) + row * D, wide.data() + 2 * (G + 2) * D, D);
+          rope_row(gr.data(), gi, c, s, D2, -1.0f);
           if (rnd) round_row(gr.data(), D);
           rms_row_backward(dst + i * D, key ? mq + D : mq, gr.data(), src + i * D,
                            (key ? krstd : qrstd)[row], key ? kw : qw, D);
           if (rnd) round_row(dst + i * D, D);
         }
-        std::memcpy(dst + (G + 1) * D, dv + (n * KVH + g) * D, size_t(D) * sizeof(float));
-        if constexpr (h16) {
-#pragma omp simd
-          for (int64_t e = 0; e < (G + 2) * D; ++e) out[e] = bf16_bits(dst[e]);
-        }
+        narrow(out, dst, (G + 1) * D);
+        std::memcpy(out + (G + 1) * D, dv + (n * KVH + g) * D, size_t(D) * sizeof(E));
       }
     }
   }
@@ -322,17 +331,16 @@ static void qk_bwd(QKV* dqkv, float* dqw, float* dkw, const float* dq, const flo
     for (int64_t e = 0; e < D; ++e)
       dqw[e] += part[size_t(t) * 2 * D + e], dkw[e] += part[size_t(t) * 2 * D + D + e];
 }
-
-void qk_norm_rope_backward(Act dqkv, float* dqw, float* dkw, const float* dq, const float* dk,
-                           const float* dv, Act qkv, const float* qrstd, const float* krstd,
-                           const float* qw, const float* kw, const float* cos, const float* sin,
-                           int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool rnd) {
-  if (dqkv.bf16 != qkv.bf16) std::abort();  // (one storage for both)
-  if (qkv.bf16)
-    return qk_bwd(static_cast<uint16_t*>(dqkv.p), dqw, dkw, dq, dk, dv,
-                  static_cast<const uint16_t*>(qkv.p), qrstd, krstd, qw, kw, cos, sin, B, T, H, KVH,
+void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq, const float* dk,
+                           const float* dv, const float* qkv, const float* qrstd,
+                           const float* krstd, const float* qw, const float* kw, const float* cos,
+                           const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH,
+                           int64_t D, bool rnd, bool h16) {
+  if (!h16)
+    return qk_bwd(dqkv, dqw, dkw, dq, dk, dv, qkv, qrstd, krstd, qw, kw, cos, sin, B, T, H, KVH,
                   D, rnd);
-  qk_bwd(static_cast<float*>(dqkv.p), dqw, dkw, dq, dk, dv, static_cast<const float*>(qkv.p), qrstd,
+  const auto b16 = [](const float* p) { return reinterpret_cast<const uint16_t*>(p); };
+  qk_bwd(reinterpret_cast<uint16_t*>(dqkv), dqw, dkw, b16(dq), b16(dk), b16(dv), b16(qkv), qrstd,
          krstd, qw, kw, cos, sin, B, T, H, KVH, D, rnd);
 }
 
@@ -462,24 +470,24 @@ static void attention_bwd(float* dq, float* dk, float* dv, const float* dout, co
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
-  if (own_kernels()) return attention_forward_kernels(false, out, lse, q, k, v, B, T, H, KVH, D);
+  if (own_kernels()) return attention_forward_kernels(false, false, out, lse, q, k, v, B, T, H, KVH, D);
   attention_fwd(out, lse, q, k, v, B, T, H, KVH, D);
 }
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
                         int64_t T, int64_t H, int64_t KVH, int64_t D) {
   if (own_kernels())
-    return attention_backward_kernels(false, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
+    return attention_backward_kernels(false, false, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
   attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
 }
 void attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
-                            int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
-  attention_forward_kernels(true, out, lse, q, k, v, B, T, H, KVH, D);
+                            int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool h16) {
+  attention_forward_kernels(true, h16, out, lse, q, k, v, B, T, H, KVH, D);
 }
 void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* out,
                              const float* lse, const float* q, const float* k, const float* v,
-                             int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
-  attention_backward_kernels(true, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
+                             int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool h16) {
+  attention_backward_kernels(true, h16, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
 }
 
 // No fma contraction in SwiGLU: whether `1 + a (1 - sg)` is contracted is the compiler's

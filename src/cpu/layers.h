@@ -42,29 +42,32 @@ void rope_forward(float* out, const float* x, const float* cos, const float* sin
                   int64_t T, int64_t NH, int64_t D);
 void rope_backward(float* dx, const float* dout, const float* cos, const float* sin, int64_t B,
                    int64_t T, int64_t NH, int64_t D);
-// qkv_split, rmsnorm (q_norm, k_norm) and rope in one pass (Ops::qk_norm_rope_*); qkv and
-// dqkv in fp32 or (bf16 runs) bf16 storage, both the same
-void qk_norm_rope_forward(float* q, float* k, float* v, float* qrstd, float* krstd, Act qkv,
-                          const float* qw, const float* kw, const float* cos, const float* sin,
-                          int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, double eps,
-                          bool rnd);
-void qk_norm_rope_backward(Act dqkv, float* dqw, float* dkw, const float* dq, const float* dk,
-                           const float* dv, Act qkv, const float* qrstd, const float* krstd,
-                           const float* qw, const float* kw, const float* cos, const float* sin,
-                           int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool rnd);
+// qkv_split, rmsnorm (q_norm, k_norm) and rope in one pass (Ops::qk_norm_rope_*); h16: every
+// activation (q, k, v, qkv; dqkv, dq, dk, dv) in bf16 storage (the pointers hold uint16_t)
+void qk_norm_rope_forward(float* q, float* k, float* v, float* qrstd, float* krstd,
+                          const float* qkv, const float* qw, const float* kw, const float* cos,
+                          const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                          double eps, bool rnd, bool h16 = false);
+void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq, const float* dk,
+                           const float* dv, const float* qkv, const float* qrstd,
+                           const float* krstd, const float* qw, const float* kw, const float* cos,
+                           const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH,
+                           int64_t D, bool rnd, bool h16 = false);
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
                         int64_t T, int64_t H, int64_t KVH, int64_t D);
 // The same with bf16 products (P and dS rounded to bf16 as a bf16 PyTorch model does; q, k,
-// v, dout hold bf16 values; out, dq, dk, dv stored rounded to bf16): only where own_kernels()
-// (gemm.h)
+// v, dout hold bf16 values; out, dq, dk, dv stored rounded to bf16; h16: all of them in bf16
+// storage, the pointers holding uint16_t): only where own_kernels() (gemm.h)
 void attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
-                            int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
+                            int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                            bool h16 = false);
 void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* out,
                              const float* lse, const float* q, const float* k, const float* v,
-                             int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
+                             int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                             bool h16 = false);
 // rnd: the output stored rounded to bf16 (bf16 runs)
 void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F, bool rnd);
 void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, int64_t F,

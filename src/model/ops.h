@@ -58,38 +58,40 @@ struct Ops {
                         int64_t);
   // Optional (null: the model runs qkv_split, rmsnorm with q_norm / k_norm and rope, rounding
   // to bf16 after each in bf16 runs): all of that in one pass over the fused projection
-  // qkv [N, QKV] (in bf16 storage where Act says: see swiglu_forward_bf16), rnd doing those
-  // roundings:
-  // forward (q, k, v, qrstd, krstd, qkv, qw, kw, cos, sin, B, T, H, KVH, D, eps, rnd);
+  // qkv [N, QKV], rnd doing those roundings, h16 (bf16 runs, see swiglu_forward_bf16) with
+  // every activation (qkv, q, k, v and their gradients) in bf16 storage:
+  // forward (q, k, v, qrstd, krstd, qkv, qw, kw, cos, sin, B, T, H, KVH, D, eps, rnd, h16);
   // backward (dqkv, dqw, dkw, dq, dk, dv, qkv, qrstd, krstd, qw, kw, cos, sin, B, T, H, KVH, D,
-  // rnd) overwrites dqkv and adds into dqw, dkw.
-  void (*qk_norm_rope_forward)(float*, float*, float*, float*, float*, Act, const float*,
+  // rnd, h16) overwrites dqkv and adds into dqw, dkw.
+  void (*qk_norm_rope_forward)(float*, float*, float*, float*, float*, const float*, const float*,
                                const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                               int64_t, int64_t, double, bool);
-  void (*qk_norm_rope_backward)(Act, float*, float*, const float*, const float*, const float*, Act,
+                               int64_t, int64_t, double, bool, bool);
+  void (*qk_norm_rope_backward)(float*, float*, float*, const float*, const float*, const float*,
                                 const float*, const float*, const float*, const float*,
-                                const float*, const float*, int64_t, int64_t, int64_t, int64_t,
-                                int64_t, bool);
+                                const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                                int64_t, int64_t, bool, bool);
   void (*attention_forward)(float*, float*, const float*, const float*, const float*, int64_t,
                             int64_t, int64_t, int64_t, int64_t);
   void (*attention_backward)(float*, float*, float*, const float*, const float*, const float*,
                              const float*, const float*, const float*, int64_t, int64_t, int64_t,
                              int64_t, int64_t);
   // Optional (null: attention_*): attention with bf16 products, for bf16 runs; out, dq, dk, dv
-  // stored rounded to bf16
+  // stored rounded to bf16; the last flag (h16): q, k, v, out and their gradients in bf16
+  // storage
   void (*attention_forward_bf16)(float*, float*, const float*, const float*, const float*, int64_t,
-                                 int64_t, int64_t, int64_t, int64_t);
+                                 int64_t, int64_t, int64_t, int64_t, bool);
   void (*attention_backward_bf16)(float*, float*, float*, const float*, const float*, const float*,
                                   const float*, const float*, const float*, int64_t, int64_t,
-                                  int64_t, int64_t, int64_t);
+                                  int64_t, int64_t, int64_t, bool);
   // the last flag: store the output rounded to bf16 (bf16 runs)
   void (*swiglu_forward)(float*, const float*, int64_t, int64_t, bool);
   void (*swiglu_backward)(float*, const float*, const float*, int64_t, int64_t, bool);
   // Optional (null: the model keeps SwiGLU's input and output in fp32 storage): the same for
   // bf16 runs with them in bf16 storage (so are their gradients); results rounded to bf16.
-  // With these, the bf16w products and qk_norm_rope_*, a bf16 run keeps its feed-forward
-  // activations (ab, m and their gradients, the largest) and the fused projection qkv (and
-  // its gradient) in bf16 storage.
+  // With these, the bf16w products, qk_norm_rope_* and attention_*_bf16, a bf16 run keeps its
+  // activations in bf16 storage: the feed-forward block's (ab, m and their gradients, the
+  // largest) and the attention block's (qkv, q, k, v, the attention output and their
+  // gradients); the norms and the residual stream stay fp32 storage.
   void (*swiglu_forward_bf16)(uint16_t*, const uint16_t*, int64_t, int64_t);
   void (*swiglu_backward_bf16)(uint16_t*, const uint16_t*, const uint16_t*, int64_t, int64_t);
   double (*crossentropy_forward)(float*, const float*, const int32_t*, int64_t, int64_t);

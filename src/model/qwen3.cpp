@@ -36,7 +36,8 @@ void rope_tables(std::vector<float>& cos, std::vector<float>& sin, int64_t T, in
 bool bf16_acts(const Ops& o, DType dtype) {
   return dtype == DType::bf16 && o.swiglu_forward_bf16 && o.swiglu_backward_bf16 &&
          o.matmul_forward_bf16w && o.matmul_backward_bf16w && o.matmul_backward_sgd_bf16w &&
-         o.qk_norm_rope_forward && o.qk_norm_rope_backward;
+         o.qk_norm_rope_forward && o.qk_norm_rope_backward && o.attention_forward_bf16 &&
+         o.attention_backward_bf16;
 }
 // Floats that hold n elements: fp32, or bf16 (h16)
 static int64_t floats(int64_t n, bool h16) {
@@ -47,21 +48,22 @@ static int64_t floats(int64_t n, bool h16) {
 static std::vector<int64_t> layer_act_sizes(const Config& c, int64_t B, int64_t T, bool h16) {
   const int64_t N = B * T;
   const int64_t HD = c.H * c.D, KD = c.KVH * c.D;
+  const auto f = [h16](int64_t n) { return floats(n, h16); };  // those stored as bf16 in h16
   // res, xn1, rstd1, qkv, v, qrstd, krstd, q, k, att, lse, mid, xn2, rstd2, ab, m
-  return {N * c.C, N * c.C, N,           floats(N * c.qkv_rows(), h16), N * KD,  N * c.H,
-          N * c.KVH,   N * HD,  N * KD,  N * HD,  B * c.H * T, N * c.C,
-          N * c.C, N, floats(N * 2 * c.F, h16), floats(N * c.F, h16)};
+  return {N * c.C,     N * c.C, N,     f(N * c.qkv_rows()), f(N * KD), N * c.H,
+          N * c.KVH,   f(N * HD), f(N * KD), f(N * HD), B * c.H * T, N * c.C,
+          N * c.C,     N,       f(N * 2 * c.F), f(N * c.F)};
 }
 static int64_t final_act_size(const Config& c, int64_t N) {
   return N * c.C + N * c.C + N + N * c.V + N;  // res_final, xnf, rstdf, logits, lse_ce
 }
 static std::vector<int64_t> scratch_sizes(const Config& c, int64_t B, int64_t T, bool h16) {
   const int64_t N = B * T, HD = c.H * c.D, KD = c.KVH * c.D;
+  const auto f = [h16](int64_t n) { return floats(n, h16); };  // those stored as bf16 in h16
   // qkv, tmp, dres, dtmp, dxn, dab, dm, datt, dq, dk, dv, dqr, dkr, tokens, targets, cos, sin
-  return {floats(N * c.qkv_rows(), h16), N * c.C, N * c.C, N * c.C, N * c.C,
-          floats(N * 2 * c.F, h16),
-          floats(N * c.F, h16), N * HD, N * HD, N * KD, N * KD, N * HD,
-          N * KD, N, N, T * c.D / 2, T * c.D / 2};
+  return {f(N * c.qkv_rows()), N * c.C, N * c.C,   N * c.C, N * c.C, f(N * 2 * c.F),
+          f(N * c.F),          f(N * HD), f(N * HD), f(N * KD), f(N * KD), N * HD,
+          N * KD,              N,       N,         T * c.D / 2, T * c.D / 2};
 }
 static int64_t sum(const std::vector<int64_t>& v) {
   int64_t s = 0;
@@ -234,13 +236,13 @@ double Qwen3::forward(const Batch& batch) {
     float* res_out = l + 1 < c.L ? la_[l + 1].res : res_final_;
     o.rmsnorm_forward(a.xn1, a.rstd1, a.res, weight(w.attn_norm, C), N, C, c.eps);
     rb(a.xn1, N * C);
-    const bool h16 = bf16_acts_;  // qkv, ab, m (and their gradients) in bf16 storage
+    const bool h16 = bf16_acts_;  // qkv, q, k, v, att, ab, m in bf16 storage
     linear_forward({a.qkv, h16}, {a.xn1}, w.wqkv, C, QKV);
     // q_norm and k_norm are adjacent: widened together in bf16 runs
     const float* qkw = weight(w.q_norm, 2 * D);
     if (o.qk_norm_rope_forward) {
-      o.qk_norm_rope_forward(a.q, a.k, a.v, a.qrstd, a.krstd, {a.qkv, h16}, qkw, qkw + D, cos_, sin_, B_,
-                             T_, H, K, D, c.eps, dtype_ == DType::bf16);
+      o.qk_norm_rope_forward(a.q, a.k, a.v, a.qrstd, a.krstd, a.qkv, qkw, qkw + D, cos_, sin_, B_,
+                             T_, H, K, D, c.eps, dtype_ == DType::bf16, h16);
     } else {  // the split's q, k into backward scratch (free until backward)
       o.qkv_split_forward(dqr_, dkr_, a.v, a.qkv, N, H, K, D);
       o.rmsnorm_forward(a.q, a.qrstd, dqr_, qkw, N * H, D, c.eps);
@@ -250,11 +252,13 @@ double Qwen3::forward(const Batch& batch) {
       o.rope_forward(a.k, a.k, cos_, sin_, B_, T_, K, D);
       rb(a.q, N * H * D), rb(a.k, N * K * D);
     }
-    const bool bfa = dtype_ == DType::bf16 && o.attention_forward_bf16;
-    (bfa ? o.attention_forward_bf16 : o.attention_forward)(a.att, a.lse, a.q, a.k, a.v, B_, T_, H,
-                                                           K, D);
-    if (!bfa) rb(a.att, N * H * D);  // else rounded by the op
-    linear_forward({tmp_}, {a.att}, w.wo, H * D, C);
+    if (dtype_ == DType::bf16 && o.attention_forward_bf16) {  // att rounded by the op
+      o.attention_forward_bf16(a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D, h16);
+    } else {
+      o.attention_forward(a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D);
+      rb(a.att, N * H * D);
+    }
+    linear_forward({tmp_}, {a.att, h16}, w.wo, H * D, C);
     o.copy(a.mid, a.res, N * C);
     o.add_inplace(a.mid, tmp_, N * C);
     rb(a.mid, N * C);
@@ -299,7 +303,7 @@ void Qwen3::backward() {
     const ParamLayout::Layer& w = layout_.layers[l];
     const LayerActs& a = la_[l];
     // feed-forward: dres is the gradient of this layer's output
-    const bool h16 = bf16_acts_;  // qkv, ab, m and their gradients in bf16 storage
+    const bool h16 = bf16_acts_;  // as in forward, and their gradients
     linear_backward({dm_, h16}, {dres_}, {a.m, h16}, w.w2, F, C);
     if (h16)
       o.swiglu_backward_bf16(u16(dab_), u16(dm_), u16(a.ab), N, F);
@@ -312,17 +316,19 @@ void Qwen3::backward() {
     o.add_inplace(dres_, rb(dtmp_, N * C), N * C);  // dres is now d(mid)
     rb(dres_, N * C);
     // attention
-    linear_backward({datt_}, {dres_}, {a.att}, w.wo, H * D, C);
-    const bool bfa = dtype_ == DType::bf16 && o.attention_backward_bf16;
-    (bfa ? o.attention_backward_bf16 : o.attention_backward)(dq_, dk_, dv_, datt_, a.att, a.lse,
-                                                             a.q, a.k, a.v, B_, T_, H, K, D);
-    if (!bfa) rb(dq_, N * H * D), rb(dk_, N * K * D), rb(dv_, N * K * D);  // else by the op
+    linear_backward({datt_, h16}, {dres_}, {a.att, h16}, w.wo, H * D, C);
+    if (dtype_ == DType::bf16 && o.attention_backward_bf16) {  // dq, dk, dv rounded by the op
+      o.attention_backward_bf16(dq_, dk_, dv_, datt_, a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D,
+                                h16);
+    } else {
+      o.attention_backward(dq_, dk_, dv_, datt_, a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D);
+      rb(dq_, N * H * D), rb(dk_, N * K * D), rb(dv_, N * K * D);
+    }
     const float* qkw = weight(w.q_norm, 2 * D);  // q_norm, k_norm (adjacent)
     float* dqkw = grad(w.q_norm, 2 * D);
     if (o.qk_norm_rope_backward) {
-      o.qk_norm_rope_backward({qkv_, h16}, dqkw, dqkw + D, dq_, dk_, dv_, {a.qkv, h16}, a.qrstd,
-                              a.krstd, qkw,
-                              qkw + D, cos_, sin_, B_, T_, H, K, D, dtype_ == DType::bf16);
+      o.qk_norm_rope_backward(qkv_, dqkw, dqkw + D, dq_, dk_, dv_, a.qkv, a.qrstd, a.krstd, qkw,
+                              qkw + D, cos_, sin_, B_, T_, H, K, D, dtype_ == DType::bf16, h16);
     } else {
       o.rope_backward(dq_, dq_, cos_, sin_, B_, T_, H, D);
       o.rope_backward(dk_, dk_, cos_, sin_, B_, T_, K, D);
