@@ -228,7 +228,9 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
               for (size_t i = 0; i < x.size(); ++i) h[i] = f32_to_bf16(x[i]);
               return h;
             };
-            const auto f = [](std::vector<uint16_t>& h) { return reinterpret_cast<float*>(h.data()); };
+            const auto f = [](std::vector<uint16_t>& h) {
+              return reinterpret_cast<float*>(h.data());
+            };
             std::vector<uint16_t> q16 = to16(qf), k16 = to16(kf), v16 = to16(vf), G16 = to16(Gf),
                                   o16(nq, 1), dq16(nq, 1), dk16(nk, 1), dv16(nk, 1);
             std::vector<float> lse16(B * H * T);
@@ -528,8 +530,7 @@ TEST(MatmulBf16w, StoresOutAndDxRoundedToBf16) {
     std::vector<float> out(size_t(N * OC)), dx(size_t(N * IC)), dx2(dx.size()), dW(wf.size());
     cpu::matmul_forward_bf16w({out.data()}, {x.data()}, w.data(), N, IC, OC);
     cpu::matmul_backward_bf16w({dx.data()}, dW.data(), {g.data()}, {x.data()}, w.data(), N, IC, OC);
-    cpu::matmul_backward_sgd_bf16w({dx2.data()}, w.data(), {g.data()}, {x.data()}, N, IC, OC,
-                                   0.0f);
+    cpu::matmul_backward_sgd_bf16w({dx2.data()}, w.data(), {g.data()}, {x.data()}, N, IC, OC, 0.0f);
     // the same with every activation in bf16 storage: the same bits, and the same dW
     std::vector<uint16_t> x16(x.size()), g16(g.size()), out16(out.size()), dx16(dx.size()),
         dx16s(dx.size());

@@ -23,7 +23,7 @@ TEST(Presets, ParameterCountsMatchTheSpec) {
   const ParamLayout p = make_layout(preset("debugmodel"));
   EXPECT_EQ(p.params.size(), 74u);  // 9 per layer + final norm + tied embedding
   EXPECT_EQ(p.lm_head, p.tok_emb);
-  EXPECT_EQ(p.layers[0].w3, p.layers[0].w1 + 3072 * 256);  // fused [2F, C] for one matmul
+  EXPECT_EQ(p.layers[0].w3, p.layers[0].w1 + 3072 * 256);   // fused [2F, C] for one matmul
   EXPECT_EQ(p.layers[0].k_norm, p.layers[0].q_norm + 128);  // one [2, D] view for QK-norm
   EXPECT_THROW(preset("7B"), Error);
 }
@@ -186,8 +186,8 @@ TEST(Qwen3, Bf16ActivationStorageGivesTheSameStep) {
       m2.set_params(w.data());
       std::vector<float> p1(w.size()), p2(w.size());
       for (int s = 0; s < 3; ++s) {
-        const std::string what = "F=" + std::to_string(c.F) + (fused ? " fused" : "") + " step " +
-                                 std::to_string(s);
+        const std::string what =
+            "F=" + std::to_string(c.F) + (fused ? " fused" : "") + " step " + std::to_string(s);
         ASSERT_EQ(m1.forward(b), m2.forward(b)) << what;
         if (fused) {
           m1.backward_sgd(0.3f);

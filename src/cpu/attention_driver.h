@@ -273,8 +273,8 @@ void attn_forward(float* out_, float* lse, const float* q_, const float* k_, con
           sh.plan(pf, &q, 1, b, g, h, q0, QB, k, v, next, blk, nblk);
           pf.pace((nq + Kern::NR - 1) / Kern::NR * ((e + Kern::MR - 1) / Kern::MR) +
                   (nq + Kern::MR - 1) / Kern::MR);
-          score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), H16, ldq, 1}, T, D, SD, q0,
-                                nq, scale, pf);
+          score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), H16, ldq, 1}, T, D, SD, q0, nq,
+                                scale, pf);
           // softmax down each column c (query q0 + c sees keys j <= q0 + c); P = 0 where
           // masked, over all e keys the block's panels read
           for (int64_t c = 0; c < nq; ++c) mx[c] = -INFINITY, sum[c] = 0.0f;
@@ -371,10 +371,10 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
           const int64_t sp = (nq + Kern::NR - 1) / Kern::NR * ((e + Kern::MR - 1) / Kern::MR),
                         kp = (e + Kern::MR - 1) / Kern::MR;
           pf.pace(2 * sp + 2 * kp + (nq + Kern::MR - 1) / Kern::MR);
-          score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), H16, ldq, 1}, T, D, SD, q0,
-                                nq, scale, pf);
-          score_tiles<Kern, SL>(dSt, VA, OP, View{sh.row(dout, b, h, 0), H16, ldq, 1}, T, D, SD,
-                                q0, nq, 1.0f, pf);
+          score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), H16, ldq, 1}, T, D, SD, q0, nq,
+                                scale, pf);
+          score_tiles<Kern, SL>(dSt, VA, OP, View{sh.row(dout, b, h, 0), H16, ldq, 1}, T, D, SD, q0,
+                                nq, 1.0f, pf);
           for (int64_t c = 0; c < nq; ++c)  // rowsum(dO O)
             rowdot[c] = row_dot(widen(gh + c * ldq, wide, D), widen(oh + c * ldq, wide + D, D), D);
           // P = exp(S - lse), dS = P (dP - rowsum(dO O)) scale; 0 where masked. The bf16 kind

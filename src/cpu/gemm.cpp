@@ -54,14 +54,13 @@ const GemmSet* gemm_set(Isa isa) {
   (void)isa;
   return nullptr;
 #else
-  static const GemmSet k512 = {"avx512",
-                               avx512::kernels.f32,
-                               avx2::kernels.bf16,
-                               avx2::kernels.bf16_sgd,
-                               {avx512::kernels.attn_fwd[0], avx2::kernels.attn_fwd[1],
-                                avx2::kernels.attn_fwd[2]},
-                               {avx512::kernels.attn_bwd[0], avx2::kernels.attn_bwd[1],
-                                avx2::kernels.attn_bwd[2]}};
+  static const GemmSet k512 = {
+      "avx512",
+      avx512::kernels.f32,
+      avx2::kernels.bf16,
+      avx2::kernels.bf16_sgd,
+      {avx512::kernels.attn_fwd[0], avx2::kernels.attn_fwd[1], avx2::kernels.attn_fwd[2]},
+      {avx512::kernels.attn_bwd[0], avx2::kernels.attn_bwd[1], avx2::kernels.attn_bwd[2]}};
   if (isa == Isa::avx512)
     return cpu_avx512bf16() ? &avx512::kernels : cpu_avx512() ? &k512 : nullptr;
   return cpu_avx2() ? &avx2::kernels : nullptr;
@@ -95,17 +94,17 @@ void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W,
   active()->bf16_sgd(M, N, K, A, B, W, ldw, lr);
 }
 
-void attention_forward_kernels(bool bf16, bool h16, float* out, float* lse, const float* q, const float* k,
-                               const float* v, int64_t B, int64_t T, int64_t H, int64_t KVH,
-                               int64_t D) {
-  if (!active()) std::abort();
+void attention_forward_kernels(bool bf16, bool h16, float* out, float* lse, const float* q,
+                               const float* k, const float* v, int64_t B, int64_t T, int64_t H,
+                               int64_t KVH, int64_t D) {
+  if (!active() || (h16 && !bf16)) std::abort();  // (bf16 storage: the bf16 kind only)
   active()->attn_fwd[bf16 ? 1 + h16 : 0](out, lse, q, k, v, B, T, H, KVH, D);
 }
-void attention_backward_kernels(bool bf16, bool h16, float* dq, float* dk, float* dv, const float* dout,
-                                const float* out, const float* lse, const float* q, const float* k,
-                                const float* v, int64_t B, int64_t T, int64_t H, int64_t KVH,
-                                int64_t D) {
-  if (!active()) std::abort();
+void attention_backward_kernels(bool bf16, bool h16, float* dq, float* dk, float* dv,
+                                const float* dout, const float* out, const float* lse,
+                                const float* q, const float* k, const float* v, int64_t B,
+                                int64_t T, int64_t H, int64_t KVH, int64_t D) {
+  if (!active() || (h16 && !bf16)) std::abort();
   active()->attn_bwd[bf16 ? 1 + h16 : 0](dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
 }
 

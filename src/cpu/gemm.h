@@ -66,13 +66,13 @@ void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W,
 // Causal attention of cpu/layers.h on these kernels (bf16: the bf16 kind's products, P and dS
 // rounded to bf16 as they are made, and out, dq, dk, dv stored rounded to bf16; h16: with
 // every activation in bf16 storage, GemmSet::attn_fwd[2]).
-void attention_forward_kernels(bool bf16, bool h16, float* out, float* lse, const float* q, const float* k,
-                               const float* v, int64_t B, int64_t T, int64_t H, int64_t KVH,
-                               int64_t D);
-void attention_backward_kernels(bool bf16, bool h16, float* dq, float* dk, float* dv, const float* dout,
-                                const float* out, const float* lse, const float* q, const float* k,
-                                const float* v, int64_t B, int64_t T, int64_t H, int64_t KVH,
-                                int64_t D);
+void attention_forward_kernels(bool bf16, bool h16, float* out, float* lse, const float* q,
+                               const float* k, const float* v, int64_t B, int64_t T, int64_t H,
+                               int64_t KVH, int64_t D);
+void attention_backward_kernels(bool bf16, bool h16, float* dq, float* dk, float* dv,
+                                const float* dout, const float* out, const float* lse,
+                                const float* q, const float* k, const float* v, int64_t B,
+                                int64_t T, int64_t H, int64_t KVH, int64_t D);
 
 // The per-instruction-set kernels behind gemm_set (gemm_avx512.cpp, gemm_avx2.cpp): compiled
 // for those instructions, they fault on CPUs without them.

@@ -374,14 +374,13 @@ struct Kern {
 }  // namespace
 
 namespace avx2 {
-extern const GemmSet kernels = {"avx2",
-                                gemm<Kern, false>,
-                                gemm<Kern, true>,
-                                gemm_sgd16<Kern>,
-                                {attn_forward<Kern, false>, attn_forward<Kern, true>,
-                                 attn_forward<Kern, true, true>},
-                                {attn_backward<Kern, false>, attn_backward<Kern, true>,
-                                 attn_backward<Kern, true, true>}};
+extern const GemmSet kernels = {
+    "avx2",
+    gemm<Kern, false>,
+    gemm<Kern, true>,
+    gemm_sgd16<Kern>,
+    {attn_forward<Kern, false>, attn_forward<Kern, true>, attn_forward<Kern, true, true>},
+    {attn_backward<Kern, false>, attn_backward<Kern, true>, attn_backward<Kern, true, true>}};
 }  // namespace avx2
 
 }  // namespace tq::cpu

@@ -443,14 +443,13 @@ struct Kern {
 }  // namespace
 
 namespace avx512 {
-extern const GemmSet kernels = {"avx512_bf16",
-                                gemm<Kern, false>,
-                                gemm<Kern, true>,
-                                gemm_sgd16<Kern>,
-                                {attn_forward<Kern, false>, attn_forward<Kern, true>,
-                                 attn_forward<Kern, true, true>},
-                                {attn_backward<Kern, false>, attn_backward<Kern, true>,
-                                 attn_backward<Kern, true, true>}};
+extern const GemmSet kernels = {
+    "avx512_bf16",
+    gemm<Kern, false>,
+    gemm<Kern, true>,
+    gemm_sgd16<Kern>,
+    {attn_forward<Kern, false>, attn_forward<Kern, true>, attn_forward<Kern, true, true>},
+    {attn_backward<Kern, false>, attn_backward<Kern, true>, attn_backward<Kern, true, true>}};
 }  // namespace avx512
 
 }  // namespace tq::cpu

@@ -189,8 +189,7 @@ int64_t kc_for(int64_t S) {
 // its k blocks in a small buffer exactly as gemm() sums them into C: the same bits as gemm(). (dx =
 // dout W the same way, broadcasting across W's rows, measured 30 % slower than packing.)
 template <class Kern, bool BF>
-void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
-                 Store st) {
+void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc, Store st) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
   constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
   constexpr int64_t per = per_slot(SL);  // K is a multiple of it (Kern::in_place)
@@ -287,7 +286,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
     if (M <= 4 * NR && !accumulate && alpha == 1.0f && B.ks == 1 && K > 0 &&
         Kern::in_place(BF, B, K))
       return gemm_skinny<Kern, BF>(M, N, K, A, B, C, ldc, st);
-  const bool c16 = SGD16 || st == Store::bf16;  // C's elements are bf16
+  const bool c16 = SGD16 || st == Store::bf16;              // C's elements are bf16
   const int64_t S = (K + per_slot(SL) - 1) / per_slot(SL);  // slots
   if (S == 0) {                                             // empty sum
     if (!accumulate)
@@ -433,7 +432,8 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       };
       const auto prefetch_c = [&](int64_t pi, int64_t pj) {
         for (int r = 0; r < int(lo(MR, mc - pi)); ++r) {
-          const char* cr = reinterpret_cast<const char*>(tile(C, (ic + pi + r) * ldc + jc + pj, c16));
+          const char* cr =
+              reinterpret_cast<const char*>(tile(C, (ic + pi + r) * ldc + jc + pj, c16));
           _mm_prefetch(cr, _MM_HINT_T0);
           _mm_prefetch(cr + (c16 ? 2 : 4) * NR - 1, _MM_HINT_T0);
         }
@@ -577,8 +577,7 @@ void gemm_sgd16(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, in
   const uint32_t step = uint32_t(to_bf16(-lr)) << 16;
   float alpha;
   std::memcpy(&alpha, &step, 4);
-  gemm<Kern, true, true>(M, N, K, A, B, reinterpret_cast<float*>(W), ldw, true, alpha,
-                         Store::f32);
+  gemm<Kern, true, true>(M, N, K, A, B, reinterpret_cast<float*>(W), ldw, true, alpha, Store::f32);
 }
 
 }  // namespace

@@ -276,11 +276,10 @@ void qk_norm_rope_forward(float* q, float* k, float* v, float* qrstd, float* krs
                           const float* qkv, const float* qw, const float* kw, const float* cos,
                           const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
                           double eps, bool rnd, bool h16) {
-  if (!h16)
-    return qk_fwd(q, k, v, qrstd, krstd, qkv, qw, kw, cos, sin, B, T, H, KVH, D, eps, rnd);
+  if (!h16) return qk_fwd(q, k, v, qrstd, krstd, qkv, qw, kw, cos, sin, B, T, H, KVH, D, eps, rnd);
   const auto b16 = [](auto* p) { return reinterpret_cast<uint16_t*>(p); };
-  qk_fwd(b16(q), b16(k), b16(v), qrstd, krstd, reinterpret_cast<const uint16_t*>(qkv), qw, kw,
-         cos, sin, B, T, H, KVH, D, eps, rnd);
+  qk_fwd(b16(q), b16(k), b16(v), qrstd, krstd, reinterpret_cast<const uint16_t*>(qkv), qw, kw, cos,
+         sin, B, T, H, KVH, D, eps, rnd);
 }
 template <class E>
 static void qk_bwd(E* dqkv, float* dqw, float* dkw, const E* dq, const E* dk, const E* dv,
@@ -337,8 +336,8 @@ void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq,
                            const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH,
                            int64_t D, bool rnd, bool h16) {
   if (!h16)
-    return qk_bwd(dqkv, dqw, dkw, dq, dk, dv, qkv, qrstd, krstd, qw, kw, cos, sin, B, T, H, KVH,
-                  D, rnd);
+    return qk_bwd(dqkv, dqw, dkw, dq, dk, dv, qkv, qrstd, krstd, qw, kw, cos, sin, B, T, H, KVH, D,
+                  rnd);
   const auto b16 = [](const float* p) { return reinterpret_cast<const uint16_t*>(p); };
   qk_bwd(reinterpret_cast<uint16_t*>(dqkv), dqw, dkw, b16(dq), b16(dk), b16(dv), b16(qkv), qrstd,
          krstd, qw, kw, cos, sin, B, T, H, KVH, D, rnd);
@@ -470,14 +469,16 @@ static void attention_bwd(float* dq, float* dk, float* dv, const float* dout, co
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
-  if (own_kernels()) return attention_forward_kernels(false, false, out, lse, q, k, v, B, T, H, KVH, D);
+  if (own_kernels())
+    return attention_forward_kernels(false, false, out, lse, q, k, v, B, T, H, KVH, D);
   attention_fwd(out, lse, q, k, v, B, T, H, KVH, D);
 }
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
                         int64_t T, int64_t H, int64_t KVH, int64_t D) {
   if (own_kernels())
-    return attention_backward_kernels(false, false, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
+    return attention_backward_kernels(false, false, dq, dk, dv, dout, out, lse, q, k, v, B, T, H,
+                                      KVH, D);
   attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
 }
 void attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,

@@ -50,9 +50,9 @@ static std::vector<int64_t> layer_act_sizes(const Config& c, int64_t B, int64_t 
   const int64_t HD = c.H * c.D, KD = c.KVH * c.D;
   const auto f = [h16](int64_t n) { return floats(n, h16); };  // those stored as bf16 in h16
   // res, xn1, rstd1, qkv, v, qrstd, krstd, q, k, att, lse, mid, xn2, rstd2, ab, m
-  return {N * c.C,     N * c.C, N,     f(N * c.qkv_rows()), f(N * KD), N * c.H,
-          N * c.KVH,   f(N * HD), f(N * KD), f(N * HD), B * c.H * T, N * c.C,
-          N * c.C,     N,       f(N * 2 * c.F), f(N * c.F)};
+  return {N * c.C,        N * c.C,   N,         f(N * c.qkv_rows()), f(N * KD), N * c.H, N * c.KVH,
+          f(N * HD),      f(N * KD), f(N * HD), B * c.H * T,         N * c.C,   N * c.C, N,
+          f(N * 2 * c.F), f(N * c.F)};
 }
 static int64_t final_act_size(const Config& c, int64_t N) {
   return N * c.C + N * c.C + N + N * c.V + N;  // res_final, xnf, rstdf, logits, lse_ce
@@ -61,9 +61,10 @@ static std::vector<int64_t> scratch_sizes(const Config& c, int64_t B, int64_t T,
   const int64_t N = B * T, HD = c.H * c.D, KD = c.KVH * c.D;
   const auto f = [h16](int64_t n) { return floats(n, h16); };  // those stored as bf16 in h16
   // qkv, tmp, dres, dtmp, dxn, dab, dm, datt, dq, dk, dv, dqr, dkr, tokens, targets, cos, sin
-  return {f(N * c.qkv_rows()), N * c.C, N * c.C,   N * c.C, N * c.C, f(N * 2 * c.F),
-          f(N * c.F),          f(N * HD), f(N * HD), f(N * KD), f(N * KD), N * HD,
-          N * KD,              N,       N,         T * c.D / 2, T * c.D / 2};
+  return {f(N * c.qkv_rows()), N * c.C,    N * c.C,   N * c.C,   N * c.C,
+          f(N * 2 * c.F),      f(N * c.F), f(N * HD), f(N * HD), f(N * KD),
+          f(N * KD),           N * HD,     N * KD,    N,         N,
+          T * c.D / 2,         T * c.D / 2};
 }
 static int64_t sum(const std::vector<int64_t>& v) {
   int64_t s = 0;
