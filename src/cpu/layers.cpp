@@ -491,96 +491,79 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
   attention_backward_kernels(true, h16, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
 }
 
-// No fma contraction in SwiGLU: whether `1 + a (1 - sg)` is contracted is the compiler's
-// choice per loop (near a = -1 / (1 - sg) the two cancel differently), and the fp32- and
-// bf16-storage passes must give the same bits (an -O2 build contracted one and not the other).
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
-void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F, bool rnd) {
+// SwiGLU on fp32 or (E = uint16_t) bf16 storage, fetching as far ahead in bytes; results
+// rounded to bf16 where rnd (always, in bf16 storage). One template for both storages: written
+// as two loops, an -O2 build fused `1 + x (1 - sg)` into an fma in one and not the other (a
+// different bf16 near x = -1 / (1 - sg)).
+static inline float load(float x) {
+  return x;
+}
+static inline float load(uint16_t h) {
+  return bf16_to_f32(h);
+}
+template <class E, bool RND>
+static inline E store_as(float x) {
+  if constexpr (sizeof(E) == 2) return bf16_bits(x);
+  return RND ? round_bf16(x) : x;
+}
+template <class E, bool RND>
+static void swiglu_fwd(E* out, const E* ab, int64_t N, int64_t F) {
+  constexpr int64_t step = kStep * 4 / sizeof(E), ahead = kAhead * 4 / sizeof(E);
 #pragma omp parallel for schedule(static) if (N * F > 16384)
   for (int64_t n = 0; n < N; ++n) {
-    const float *a = ab + n * 2 * F, *b = a + F;
-    float* o = out + n * F;
-    for (int64_t f0 = 0; f0 < F; f0 += kStep) {
-      fetch(a + f0 + kAhead, kStep, false);
-      fetch(b + f0 + kAhead, kStep, false);
-      fetch(o + f0 + kAhead, kStep, true);
-      const int64_t f1 = std::min(F, f0 + kStep);
+    const E *a = ab + n * 2 * F, *b = a + F;
+    E* o = out + n * F;
+    for (int64_t f0 = 0; f0 < F; f0 += step) {
+      fetch(a + f0 + ahead, step, false);
+      fetch(b + f0 + ahead, step, false);
+      fetch(o + f0 + ahead, step, true);
+      const int64_t f1 = std::min(F, f0 + step);
 #pragma omp simd
-      for (int64_t f = f0; f < f1; ++f) o[f] = a[f] / (1.0f + vexp(-a[f])) * b[f];
+      for (int64_t f = f0; f < f1; ++f) {
+        const float x = load(a[f]);
+        o[f] = store_as<E, RND>(x / (1.0f + vexp(-x)) * load(b[f]));
+      }
     }
-    if (rnd) round_row(o, F);  // while the row is in L1
   }
+}
+template <class E, bool RND>
+static void swiglu_bwd(E* dab, const E* dout, const E* ab, int64_t N, int64_t F) {
+  constexpr int64_t step = kStep * 4 / sizeof(E), ahead = kAhead * 4 / sizeof(E);
+#pragma omp parallel for schedule(static) if (N * F > 16384)
+  for (int64_t n = 0; n < N; ++n) {
+    const E *a = ab + n * 2 * F, *b = a + F, *g = dout + n * F;
+    E *da = dab + n * 2 * F, *db = da + F;
+    for (int64_t f0 = 0; f0 < F; f0 += step) {
+      fetch(a + f0 + ahead, step, false);
+      fetch(b + f0 + ahead, step, false);
+      fetch(g + f0 + ahead, step, false);
+      fetch(da + f0 + ahead, step, true);
+      fetch(db + f0 + ahead, step, true);
+      const int64_t f1 = std::min(F, f0 + step);
+#pragma omp simd
+      for (int64_t f = f0; f < f1; ++f) {
+        const float x = load(a[f]), y = load(b[f]), gf = load(g[f]);
+        const float sg = 1.0f / (1.0f + vexp(-x));
+        da[f] = store_as<E, RND>(gf * y * sg * (1.0f + x * (1.0f - sg)));
+        db[f] = store_as<E, RND>(gf * x * sg);
+      }
+    }
+  }
+}
+void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F, bool rnd) {
+  (rnd ? swiglu_fwd<float, true> : swiglu_fwd<float, false>)(out, ab, N, F);
 }
 void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, int64_t F,
                      bool rnd) {
-#pragma omp parallel for schedule(static) if (N * F > 16384)
-  for (int64_t n = 0; n < N; ++n) {
-    const float *a = ab + n * 2 * F, *b = a + F, *g = dout + n * F;
-    float *da = dab + n * 2 * F, *db = da + F;
-    for (int64_t f0 = 0; f0 < F; f0 += kStep) {
-      fetch(a + f0 + kAhead, kStep, false);
-      fetch(b + f0 + kAhead, kStep, false);
-      fetch(g + f0 + kAhead, kStep, false);
-      fetch(da + f0 + kAhead, kStep, true);
-      fetch(db + f0 + kAhead, kStep, true);
-      const int64_t f1 = std::min(F, f0 + kStep);
-#pragma omp simd
-      for (int64_t f = f0; f < f1; ++f) {
-        const float sg = 1.0f / (1.0f + vexp(-a[f]));
-        da[f] = g[f] * b[f] * sg * (1.0f + a[f] * (1.0f - sg));
-        db[f] = g[f] * a[f] * sg;
-      }
-    }
-    if (rnd) round_row(da, 2 * F);
-  }
+  (rnd ? swiglu_bwd<float, true> : swiglu_bwd<float, false>)(dab, dout, ab, N, F);
 }
-
-// The same arithmetic as the fp32-storage passes above, on bf16 storage (fetching as far ahead
-// in bytes)
 void swiglu_forward_bf16(uint16_t* out, const uint16_t* ab, int64_t N, int64_t F) {
-#pragma omp parallel for schedule(static) if (N * F > 16384)
-  for (int64_t n = 0; n < N; ++n) {
-    const uint16_t *a = ab + n * 2 * F, *b = a + F;
-    uint16_t* o = out + n * F;
-    for (int64_t f0 = 0; f0 < F; f0 += 2 * kStep) {
-      fetch(a + f0 + 2 * kAhead, 2 * kStep, false);
-      fetch(b + f0 + 2 * kAhead, 2 * kStep, false);
-      fetch(o + f0 + 2 * kAhead, 2 * kStep, true);
-      const int64_t f1 = std::min(F, f0 + 2 * kStep);
-#pragma omp simd
-      for (int64_t f = f0; f < f1; ++f) {
-        const float x = bf16_to_f32(a[f]);
-        o[f] = bf16_bits(x / (1.0f + vexp(-x)) * bf16_to_f32(b[f]));
-      }
-    }
-  }
+  swiglu_fwd<uint16_t, true>(out, ab, N, F);
 }
 void swiglu_backward_bf16(uint16_t* dab, const uint16_t* dout, const uint16_t* ab, int64_t N,
                           int64_t F) {
-#pragma omp parallel for schedule(static) if (N * F > 16384)
-  for (int64_t n = 0; n < N; ++n) {
-    const uint16_t *a = ab + n * 2 * F, *b = a + F, *g = dout + n * F;
-    uint16_t *da = dab + n * 2 * F, *db = da + F;
-    for (int64_t f0 = 0; f0 < F; f0 += 2 * kStep) {
-      fetch(a + f0 + 2 * kAhead, 2 * kStep, false);
-      fetch(b + f0 + 2 * kAhead, 2 * kStep, false);
-      fetch(g + f0 + 2 * kAhead, 2 * kStep, false);
-      fetch(da + f0 + 2 * kAhead, 2 * kStep, true);
-      fetch(db + f0 + 2 * kAhead, 2 * kStep, true);
-      const int64_t f1 = std::min(F, f0 + 2 * kStep);
-#pragma omp simd
-      for (int64_t f = f0; f < f1; ++f) {
-        const float x = bf16_to_f32(a[f]), y = bf16_to_f32(b[f]), gf = bf16_to_f32(g[f]);
-        const float sg = 1.0f / (1.0f + vexp(-x));
-        da[f] = bf16_bits(gf * y * sg * (1.0f + x * (1.0f - sg)));
-        db[f] = bf16_bits(gf * x * sg);
-      }
-    }
-  }
+  swiglu_bwd<uint16_t, true>(dab, dout, ab, N, F);
 }
-
-#pragma GCC pop_options
 
 double crossentropy_forward(float* lse, const float* logits, const int32_t* targets, int64_t N,
                             int64_t V) {
