@@ -308,12 +308,10 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   // its order), and rounded into C when whole: the bits of Store::round.
   const bool whole = scaled || st == Store::bf16;
   const int64_t KCB = whole && S <= SCMAX ? S : kc_for(S);
-  if (st == Store::bf16 && S > KCB) {  // (K > 4096: summed aside, then stored)
+  if (st == Store::bf16 && S > KCB) {  // (over SCMAX slots: summed aside, then stored)
     std::vector<float> t(size_t(M * N));
-    gemm<Kern, BF>(M, N, K, A, B, t.data(), N, false, 1.0f, Store::round);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n)
-        reinterpret_cast<uint16_t*>(C)[m * ldc + n] = uint16_t(to_bf16(t[size_t(m * N + n)]));
+    gemm<Kern, BF>(M, N, K, A, B, t.data(), N, false, 1.0f, Store::f32);
+    store_rounded(reinterpret_cast<uint16_t*>(C), ldc, t.data(), N, int(M), int(N));
     return;
   }
   const int64_t panels = (int64_t(1) << 20) / KCB / NR,
