@@ -569,6 +569,10 @@ TEST(Bf16, RoundsToNearestEven) {
   EXPECT_EQ(round_bf16(1.0f + 3 * 0x1p-8f), 1.0f + 0x1p-6f);  // tie -> even (up)
   EXPECT_EQ(round_bf16(1.0f + 0x1p-8f + 0x1p-20f), 1.0f + 0x1p-7f);
   EXPECT_TRUE(std::isnan(round_bf16(NAN)));
+  // a NaN whose payload lies below bf16's bits stays NaN (quiet), sign kept
+  EXPECT_EQ(f32_to_bf16(std::bit_cast<float>(0x7f800001u)), 0x7fc0);
+  EXPECT_EQ(f32_to_bf16(std::bit_cast<float>(0xff800001u)), 0xffc0);
+  EXPECT_EQ(f32_to_bf16(std::bit_cast<float>(0x7f7fffffu)), 0x7f80);  // largest float -> inf
   EXPECT_EQ(round_bf16(INFINITY), INFINITY);
   std::vector<float> x = {0.1f, -3.3f, 1e-30f};
   cpu::round_bf16_inplace(x.data(), 3);

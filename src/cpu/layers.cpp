@@ -189,14 +189,6 @@ void rope_backward(float* dx, const float* dout, const float* cos, const float* 
 
 constexpr int64_t kAhead = 256, kStep = 64;  // floats: fetch distance, and the run per fetch
 
-// f32_to_bf16 without a branch, so that loops that call it vectorize
-static inline uint16_t bf16_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
 static inline void round_row(float* x, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
@@ -227,12 +219,10 @@ static const float* widen(const uint16_t* src, float* buf, int64_t n) {
   for (int64_t i = 0; i < n; ++i) buf[i] = bf16_to_f32(src[i]);
   return buf;
 }
-static void narrow(float* dst, const float* src, int64_t n) {
-  if (dst != src) std::memcpy(dst, src, size_t(n) * sizeof(float));
-}
+static void narrow(float*, const float*, int64_t) {}  // (fp32 rows are computed in place)
 static void narrow(uint16_t* dst, const float* src, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits(src[i]);
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
 }
 template <class E>
 static void qk_fwd(E* q, E* k, E* v, float* qrstd, float* krstd, const E* qkv, const float* qw,
@@ -503,7 +493,7 @@ static inline float load(uint16_t h) {
 }
 template <class E, bool RND>
 static inline E store_as(float x) {
-  if constexpr (sizeof(E) == 2) return bf16_bits(x);
+  if constexpr (sizeof(E) == 2) return f32_to_bf16(x);
   return RND ? round_bf16(x) : x;
 }
 template <class E, bool RND>
