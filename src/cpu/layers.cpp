@@ -224,11 +224,15 @@ static void narrow(uint16_t* dst, const float* src, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
 }
-template <class E>
+// DC: the head dimension known at compile time (0: D at run time). Every Qwen3 preset has
+// D = 128; with it constant the row loops compile without remainders or run-time trip
+// counts, the same bits (W2 bf16 storage: forward -20 to -25 %, backward -10 to -18 %).
+template <class E, int DC>
 static void qk_fwd(E* q, E* k, E* v, float* qrstd, float* krstd, const E* qkv, const float* qw,
                    const float* kw, const float* cos, const float* sin, int64_t B, int64_t T,
-                   int64_t H, int64_t KVH, int64_t D, double eps, bool rnd) {
+                   int64_t H, int64_t KVH, int64_t Dr, double eps, bool rnd) {
   constexpr bool h16 = std::is_same_v<E, uint16_t>;
+  const int64_t D = DC ? DC : Dr;
   const int64_t G = H / KVH, R = (H + 2 * KVH) * D, D2 = D / 2, N = B * T;
 #pragma omp parallel if (N * R > 16384)
   {
@@ -266,17 +270,22 @@ void qk_norm_rope_forward(float* q, float* k, float* v, float* qrstd, float* krs
                           const float* qkv, const float* qw, const float* kw, const float* cos,
                           const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
                           double eps, bool rnd, bool h16) {
-  if (!h16) return qk_fwd(q, k, v, qrstd, krstd, qkv, qw, kw, cos, sin, B, T, H, KVH, D, eps, rnd);
   const auto b16 = [](auto* p) { return reinterpret_cast<uint16_t*>(p); };
-  qk_fwd(b16(q), b16(k), b16(v), qrstd, krstd, reinterpret_cast<const uint16_t*>(qkv), qw, kw, cos,
-         sin, B, T, H, KVH, D, eps, rnd);
+  const auto run = [&](auto f32, auto f16) {
+    if (!h16) return f32(q, k, v, qrstd, krstd, qkv, qw, kw, cos, sin, B, T, H, KVH, D, eps, rnd);
+    f16(b16(q), b16(k), b16(v), qrstd, krstd, reinterpret_cast<const uint16_t*>(qkv), qw, kw, cos,
+        sin, B, T, H, KVH, D, eps, rnd);
+  };
+  if (D == 128) return run(qk_fwd<float, 128>, qk_fwd<uint16_t, 128>);
+  run(qk_fwd<float, 0>, qk_fwd<uint16_t, 0>);
 }
-template <class E>
+template <class E, int DC>  // (DC as in qk_fwd)
 static void qk_bwd(E* dqkv, float* dqw, float* dkw, const E* dq, const E* dk, const E* dv,
                    const E* qkv, const float* qrstd, const float* krstd, const float* qw,
                    const float* kw, const float* cos, const float* sin, int64_t B, int64_t T,
-                   int64_t H, int64_t KVH, int64_t D, bool rnd) {
+                   int64_t H, int64_t KVH, int64_t Dr, bool rnd) {
   constexpr bool h16 = std::is_same_v<E, uint16_t>;
+  const int64_t D = DC ? DC : Dr;
   const int64_t G = H / KVH, R = (H + 2 * KVH) * D, D2 = D / 2, N = B * T;
   const int nt = omp_get_max_threads();
   std::vector<float> part(size_t(nt) * 2 * D, 0.0f);  // per thread: dqw, dkw partial sums
@@ -325,12 +334,16 @@ void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq,
                            const float* krstd, const float* qw, const float* kw, const float* cos,
                            const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH,
                            int64_t D, bool rnd, bool h16) {
-  if (!h16)
-    return qk_bwd(dqkv, dqw, dkw, dq, dk, dv, qkv, qrstd, krstd, qw, kw, cos, sin, B, T, H, KVH, D,
-                  rnd);
   const auto b16 = [](const float* p) { return reinterpret_cast<const uint16_t*>(p); };
-  qk_bwd(reinterpret_cast<uint16_t*>(dqkv), dqw, dkw, b16(dq), b16(dk), b16(dv), b16(qkv), qrstd,
-         krstd, qw, kw, cos, sin, B, T, H, KVH, D, rnd);
+  const auto run = [&](auto f32, auto f16) {
+    if (!h16)
+      return f32(dqkv, dqw, dkw, dq, dk, dv, qkv, qrstd, krstd, qw, kw, cos, sin, B, T, H, KVH, D,
+                 rnd);
+    f16(reinterpret_cast<uint16_t*>(dqkv), dqw, dkw, b16(dq), b16(dk), b16(dv), b16(qkv), qrstd,
+        krstd, qw, kw, cos, sin, B, T, H, KVH, D, rnd);
+  };
+  if (D == 128) return run(qk_bwd<float, 128>, qk_bwd<uint16_t, 128>);
+  run(qk_bwd<float, 0>, qk_bwd<uint16_t, 0>);
 }
 
 static inline float dot(const float* a, const float* b, int64_t D) {
