@@ -43,12 +43,19 @@ void embedding_backward(float* dE, const float* dout, const int32_t* tokens, int
 }
 
 // One row of RMSNorm: o = x rstd w, rstd returned (rmsnorm_forward and the fused QK-norm).
-static inline float rms_row(float* o, const float* xr, const float* w, int64_t C, double eps) {
+// (In two parts, so that the fused QK-norm can start the sums of a group's rows together.)
+static inline float rms_rstd(const float* xr, int64_t C, double eps) {
   float ss = 0;  // by lanes: a serial sum is one FMA latency per element (QK-norm's rows)
 #pragma omp simd reduction(+ : ss)
   for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
-  const float r = 1.0f / std::sqrt(ss / C + float(eps));
+  return 1.0f / std::sqrt(ss / C + float(eps));
+}
+static inline void rms_apply(float* o, const float* xr, float r, const float* w, int64_t C) {
   for (int64_t c = 0; c < C; ++c) o[c] = xr[c] * r * w[c];
+}
+static inline float rms_row(float* o, const float* xr, const float* w, int64_t C, double eps) {
+  const float r = rms_rstd(xr, C, eps);
+  rms_apply(o, xr, r, w, C);
   return r;
 }
 // Its backward: d overwritten, dw (a thread's partial sums) added into.
@@ -238,6 +245,7 @@ static void qk_fwd(E* q, E* k, E* v, float* qrstd, float* krstd, const E* qkv, c
   {
     std::vector<float> y(static_cast<size_t>(D));  // the normalized row before its rotation
     std::vector<float> wide(static_cast<size_t>(h16 ? (G + 3) * D : 0));  // group, out row
+    std::vector<float> rs(static_cast<size_t>(G + 1));                    // the group's rstd
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const float *c = cos + (n % T) * D2, *s = sin + (n % T) * D2;
@@ -250,10 +258,13 @@ static void qk_fwd(E* q, E* k, E* v, float* qrstd, float* krstd, const E* qkv, c
           fetch(v + ((n + 1) * KVH + g) * D, D, true);
         }
         const float* src = widen(in, wide.data(), (G + 2) * D);
+        // the rows' sums first: each is a chain of dependent adds, and side by side they overlap
+        for (int64_t i = 0; i <= G; ++i) rs[size_t(i)] = rms_rstd(src + i * D, D, eps);
         for (int64_t i = 0; i <= G; ++i) {  // G query heads, then the key
           const bool key = i == G;
           const int64_t row = key ? n * KVH + g : n * H + g * G + i;
-          (key ? krstd : qrstd)[row] = rms_row(y.data(), src + i * D, key ? kw : qw, D, eps);
+          (key ? krstd : qrstd)[row] = rs[size_t(i)];
+          rms_apply(y.data(), src + i * D, rs[size_t(i)], key ? kw : qw, D);
           if (rnd) round_row(y.data(), D);
           E* oe = (key ? k : q) + row * D;
           float* o = h16 ? wide.data() + (G + 2) * D : reinterpret_cast<float*>(oe);
