@@ -28,9 +28,10 @@ struct MemoryPlan {
   size_t params, grads, activations, scratch;  // bytes
   size_t total() const { return params + grads + activations + scratch; }
 };
-// Whether a run of this dtype on this backend keeps the feed-forward activations (SwiGLU's
-// input and output), the fused projection qkv and their gradients in bf16 storage: bf16 runs
-// on backends with the bf16 products, SwiGLU and the fused QK-norm + RoPE (Ops).
+// Whether a run of this dtype on this backend keeps its large activations in bf16 storage:
+// the feed-forward block's (SwiGLU's input and output), the attention block's (the fused
+// projection qkv, q, k, v, the attention output) and their gradients. bf16 runs on backends
+// with the bf16 products, SwiGLU, the fused QK-norm + RoPE and bf16 attention (Ops).
 bool bf16_acts(const Ops& ops, DType dtype);
 MemoryPlan memory_plan(const Config& cfg, DType dtype, int64_t B, int64_t T, bool bf16_acts);
 
@@ -91,8 +92,8 @@ class Qwen3 {
   // the backend steps this dtype's matrices inside backward (declared after dtype_, ops_)
   const bool can_fuse_ = dtype_ == DType::f32 ? ops_.matmul_backward_sgd != nullptr
                                               : ops_.matmul_backward_sgd_bf16w != nullptr;
-  // qkv, ab, m, qkv_ (dqkv), dab, dm hold bf16 bits (their float* views then point at
-  // uint16_t arrays)
+  // qkv, q, k, v, att, ab, m and the gradients qkv_ (dqkv), dq_, dk_, dv_, datt_, dab_, dm_
+  // hold bf16 bits (their float* views then point at uint16_t arrays)
   const bool bf16_acts_ = bf16_acts(ops_, dtype_);
   void *params_, *grads_;  // float or uint16_t (bf16) [layout_.total]
   float *acts_, *scratch_;
