@@ -371,12 +371,149 @@ struct Kern {
   }
 };
 
+// ---- dx = dout W with few rows (W1's 32 tokens) ----
+
+// Cᵀ[NT, 8 TV] (+)= sum over kn slots of W[k][n0 + i] x Dt[k][t]: NT columns of W broadcast
+// where they lie (row stride ldw), Dt the tokens packed [slot][8 TV]. The sum starts from zero
+// or from run; it goes back to run (keep), or into cacc as C's first k block or added to it.
+enum class WtEnd { keep, first, add };
+template <int TV, int NT>
+void micro_wt(int64_t kn, const float* w, int64_t ldw, const float* dt, float* run, float* cacc,
+              bool from_run, WtEnd end, int nt, const char* const* pf, int npf) {
+  constexpr int T = 8 * TV;
+  __m256 c[NT][TV];
+  const float* wr[NT];
+#pragma GCC unroll 8
+  for (int i = 0; i < NT; ++i) {
+    wr[i] = w + (i < nt ? i : 0);
+#pragma GCC unroll 4
+    for (int j = 0; j < TV; ++j)
+      c[i][j] = from_run ? _mm256_load_ps(run + i * T + 8 * j) : _mm256_setzero_ps();
+  }
+  const auto slot = [&](int64_t k) __attribute__((always_inline)) {
+    __m256 b[TV];
+#pragma GCC unroll 4
+    for (int j = 0; j < TV; ++j) {
+      b[j] = _mm256_load_ps(dt + k * T + 8 * j);
+      __asm__("" : "+x"(b[j]));  // in a register, not re-read by every FMA (the load ports bound)
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < NT; ++i) {
+      const __m256 x = _mm256_broadcast_ss(wr[i] + k * ldw);
+#pragma GCC unroll 4
+      for (int j = 0; j < TV; ++j) c[i][j] = _mm256_fmadd_ps(x, b[j], c[i][j]);
+    }
+  };
+  int64_t k = 0;
+  for (; k < npf; ++k) {
+    _mm_prefetch(pf[k], _MM_HINT_T1);
+    slot(k);
+  }
+#pragma GCC unroll 4
+  for (; k < kn; ++k) slot(k);
+#pragma GCC unroll 8
+  for (int i = 0; i < NT; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < TV; ++j) {
+      float* d = (end == WtEnd::keep ? run : cacc) + i * T + 8 * j;
+      _mm256_store_ps(d, end == WtEnd::add ? _mm256_add_ps(c[i][j], _mm256_load_ps(d)) : c[i][j]);
+    }
+}
+
+// C[M, N] = A Bᵀ for M <= 32 rows (dx = dout W at W1's 32 tokens), B's fp32 rows contiguous in
+// n (W's rows): computed as Cᵀ, NT columns of W by all tokens a tile, W broadcast where it
+// lies and the tokens packed once [slot][T] (T = 8 TV) for both threads. Against the blocked
+// product, which packs W panel by panel (reading 64 bytes from each of 256 rows a page or more
+// apart) and sums 32 tokens as six 6-row tiles: each W element is read once per tile of
+// columns, no rows are wasted, nothing of W is copied. The sums run in gemm()'s k blocks and
+// order (each block from zero, then added to C): the same bits.
+template <int TV>
+void gemm_wt(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc, Store st) {
+  constexpr int T = 8 * TV, NT = TV == 3 ? 3 : 8 / TV;  // 8-9 accumulators
+  constexpr int64_t NCH = 128, KS = 64;  // columns a chunk (its sums: 2 x 16 KiB), slots a step
+  const int64_t KCB = kc_for(K);
+  const bool serial = omp_in_parallel() || omp_get_max_threads() == 1;
+  const int nthreads = serial ? 1 : omp_get_max_threads();
+  const int64_t wdt = (K * T + 15) / 16 * 16, wsum = 2 * (NCH + NT) * T;  // (a tile past nc)
+  uint32_t* ws = workspace(wdt + nthreads * wsum);
+  float* const dt = reinterpret_cast<float*>(ws);  // [K][T]
+  const float* W = static_cast<const float*>(B.p);
+  const int64_t ldw = B.ks;
+  const auto band = [&](int t, int nt) {
+    // the tokens' slots, packed by both threads
+    const int64_t kg = (K + 7) / 8, p0 = kg * t / nt * 8, p1 = lo(K, kg * (t + 1) / nt * 8);
+    if (p1 > p0) pack<Slot::f32>(ws + p0 * T, A, M, K, 0, T, p0, p1 - p0);
+    if (!serial) {
+#pragma omp barrier
+    }
+    float* run = reinterpret_cast<float*>(ws + wdt + t * wsum);
+    float* cacc = run + (NCH + NT) * T;
+    const int64_t nl = (N + 15) / 16, n0 = lo(N, nl * t / nt * 16),
+                  n1 = lo(N, nl * (t + 1) / nt * 16);
+    constexpr int kLines = 1024;
+    const char* lines[kLines];
+    for (int64_t c0 = n0; c0 < n1; c0 += NCH) {
+      const int64_t nc = lo(NCH, n1 - c0), tiles = (nc + NT - 1) / NT;
+      for (int64_t pc = 0; pc < K; pc += KCB) {
+        const int64_t kc = lo(KCB, K - pc);
+        for (int64_t s0 = 0; s0 < kc; s0 += KS) {
+          const int64_t sn = lo(KS, kc - s0), k0 = pc + s0;
+          // the lines of the next step (these columns' next slots, else the next chunk's
+          // first), handed out to this step's tiles
+          int npf = 0;
+          const int64_t kn0 = k0 + sn < K ? k0 + sn : 0, cn0 = k0 + sn < K ? c0 : c0 + NCH;
+          if (cn0 < n1) {
+            const int64_t cnn = lo(NCH, n1 - cn0);
+            for (int64_t k = kn0; k < lo(K, kn0 + KS); ++k)
+              for (int64_t b = 0; b < cnn * 4 && npf < kLines; b += 64)
+                lines[npf++] = reinterpret_cast<const char*>(W + k * ldw + cn0) + b;
+          }
+          const int per = int(lo((npf + tiles - 1) / tiles, sn));
+          const WtEnd end = s0 + sn < kc ? WtEnd::keep : pc == 0 ? WtEnd::first : WtEnd::add;
+          for (int64_t i = 0; i < nc; i += NT) {
+            const int64_t f = (i / NT) * per;
+            micro_wt<TV, NT>(sn, W + k0 * ldw + c0 + i, ldw, dt + k0 * T, run + i * T, cacc + i * T,
+                             s0 > 0, end, int(lo(NT, nc - i)), lines + f,
+                             int(lo(per, npf - f > 0 ? npf - f : 0)));
+          }
+        }
+      }
+      // Cᵀ -> C, 8 columns x 8 tokens at a time
+      for (int64_t i = 0; i < nc; i += 8)
+        for (int64_t h = 0; h < T && h < M; h += 8) {
+          __m256 x[8];
+          for (int r = 0; r < 8; ++r) x[r] = _mm256_load_ps(cacc + lo(i + r, nc - 1) * T + h);
+          transpose8(x);  // x[c]: token h + c, columns i..i+7
+          for (int c = 0; c < 8 && h + c < M; ++c)
+            store_f32(C + (h + c) * ldc + c0 + i, nc - i,
+                      st == Store::round ? round_bf16(x[c]) : x[c]);
+        }
+    }
+  };
+  if (serial) return band(0, 1);
+#pragma omp parallel
+  band(omp_get_thread_num(), omp_get_num_threads());
+}
+
+// The fp32 kind's entry: dx at few rows as above, everything else the blocked product.
+void gemm_fp32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
+               bool accumulate, float alpha, Store st) {
+  if (M > 0 && M <= 32 && N > 0 && K > 0 && !accumulate && alpha == 1.0f && st != Store::bf16 &&
+      B.rs == 1 && !B.bf16) {
+    if (M > 24) return gemm_wt<4>(M, N, K, A, B, C, ldc, st);
+    if (M > 16) return gemm_wt<3>(M, N, K, A, B, C, ldc, st);
+    if (M > 8) return gemm_wt<2>(M, N, K, A, B, C, ldc, st);
+    return gemm_wt<1>(M, N, K, A, B, C, ldc, st);
+  }
+  gemm<Kern, false>(M, N, K, A, B, C, ldc, accumulate, alpha, st);
+}
+
 }  // namespace
 
 namespace avx2 {
 extern const GemmSet kernels = {
     "avx2",
-    gemm<Kern, false>,
+    gemm_fp32,
     gemm<Kern, true>,
     gemm_sgd16<Kern>,
     {attn_forward<Kern, false>, attn_forward<Kern, true>, attn_forward<Kern, true, true>},
