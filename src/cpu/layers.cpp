@@ -44,10 +44,23 @@ void embedding_backward(float* dE, const float* dout, const int32_t* tokens, int
 
 // One row of RMSNorm: o = x rstd w, rstd returned (rmsnorm_forward and the fused QK-norm).
 // (In two parts, so that the fused QK-norm can start the sums of a group's rows together.)
+// sum of term(c), c < n, in 16 lanes (lane c % 16), the lanes then added pairwise: by lanes
+// because a serial sum is one add latency per element (QK-norm's rows), and in this order
+// whatever the loop compiles to (an `omp simd` reduction leaves the order to the compiler,
+// which on AVX2 summed a D = 128 row of the fused QK-norm unlike the same row of rmsnorm).
+template <class F>
+static inline float lane_sum(int64_t n, F term) {
+  float acc[16] = {};
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16)
+    for (int l = 0; l < 16; ++l) acc[l] += term(c + l);
+  for (int l = 0; c + l < n; ++l) acc[l] += term(c + l);
+  for (int w = 8; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
 static inline float rms_rstd(const float* xr, int64_t C, double eps) {
-  float ss = 0;  // by lanes: a serial sum is one FMA latency per element (QK-norm's rows)
-#pragma omp simd reduction(+ : ss)
-  for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
+  const float ss = lane_sum(C, [xr](int64_t c) { return xr[c] * xr[c]; });
   return 1.0f / std::sqrt(ss / C + float(eps));
 }
 static inline void rms_apply(float* o, const float* xr, float r, const float* w, int64_t C) {
@@ -61,13 +74,8 @@ static inline float rms_row(float* o, const float* xr, const float* w, int64_t C
 // Its backward: d overwritten, dw (a thread's partial sums) added into.
 static inline void rms_row_backward(float* d, float* dw, const float* g, const float* xr, float r,
                                     const float* w, int64_t C) {
-  float dot = 0;
-#pragma omp simd reduction(+ : dot)
-  for (int64_t c = 0; c < C; ++c) {
-    dot += g[c] * w[c] * xr[c];
-    dw[c] += g[c] * xr[c] * r;
-  }
-  dot *= r;
+  const float dot = lane_sum(C, [=](int64_t c) { return g[c] * w[c] * xr[c]; }) * r;
+  for (int64_t c = 0; c < C; ++c) dw[c] += g[c] * xr[c] * r;
   for (int64_t c = 0; c < C; ++c) d[c] = r * (g[c] * w[c] - xr[c] * r * dot / C);
 }
 
