@@ -159,13 +159,14 @@ TEST(Gemm, Bf16MatchesPlainSumsOverShapesAndLayouts) {
   run(true);
 }
 
-// Few rows against k-contiguous weights take gemm_skinny (the roles swapped); the rows it
-// computes are bit for bit those of the general path, which a taller A takes: both kinds,
-// fp32 and bf16 weights, and the row-contiguous layout (dx = dout W: the general path).
+// Few rows against k-contiguous weights take gemm_skinny (the roles swapped), and on AVX2 the
+// fp32 kind's dx = dout W (row-contiguous weights) takes gemm_wt; the rows either computes are
+// bit for bit those of the general path, which a taller A takes: both kinds, fp32 and bf16
+// weights, each of gemm_wt's token widths (8, 16, 24, 32).
 TEST(Gemm, SkinnyProductsMatchTheGeneralPathBitForBit) {
   FOR_EACH_SET(set) {
     uint32_t seed = 7;
-    for (int64_t M : {1, 17, 32, 64})
+    for (int64_t M : {1, 9, 17, 32, 64})
       for (int64_t N : {7, 256, 1030})
         for (int64_t K : {3, 256, 3072})
           for (Layout lb : {Layout::kcontig, Layout::rcontig})
