@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "core/common.h"
@@ -176,12 +177,17 @@ TEST(Gemm, SkinnyProductsMatchTheGeneralPathBitForBit) {
               const int64_t tall = 100;
               const Operand A = make(tall, K, Layout::kcontig, false, false, seed++);
               const Operand B = make(N, K, lb, bsrc, false, seed++);
-              std::vector<float> all(size_t(tall * N)), few(size_t(M * N));
-              gemm(tall, N, K, A.view, B.view, all.data(), N, false, 1.0f, cpu::Store::f32);
-              gemm(M, N, K, A.view, B.view, few.data(), N, false, 1.0f, cpu::Store::f32);
-              ASSERT_TRUE(std::equal(few.begin(), few.end(), all.begin()))
-                  << set->name << ": M=" << M << " N=" << N << " K=" << K << " layout " << int(lb)
-                  << " bf16 kind " << bf16 << " bf16 weights " << bsrc;
+              // each way of storing C (bf16 storage: the bf16 kind only; C then holds uint16_t)
+              for (cpu::Store st : {cpu::Store::f32, cpu::Store::round, cpu::Store::bf16}) {
+                if (st == cpu::Store::bf16 && !bf16) continue;
+                std::vector<float> all(size_t(tall * N)), few(size_t(M * N));
+                gemm(tall, N, K, A.view, B.view, all.data(), N, false, 1.0f, st);
+                gemm(M, N, K, A.view, B.view, few.data(), N, false, 1.0f, st);
+                const size_t bytes = size_t(M * N) * (st == cpu::Store::bf16 ? 2 : 4);
+                ASSERT_EQ(std::memcmp(few.data(), all.data(), bytes), 0)
+                    << set->name << ": M=" << M << " N=" << N << " K=" << K << " layout " << int(lb)
+                    << " bf16 kind " << bf16 << " bf16 weights " << bsrc << " store " << int(st);
+              }
             }
   }
 }

@@ -374,15 +374,18 @@ struct Kern {
 // ---- dx = dout W with few rows (W1's 32 tokens) ----
 
 // Cᵀ[NT, 8 TV] (+)= sum over kn slots of W[k][n0 + i] x Dt[k][t]: NT columns of W broadcast
-// where they lie (row stride ldw), Dt the tokens packed [slot][8 TV]. The sum starts from zero
-// or from run; it goes back to run (keep), or into cacc as C's first k block or added to it.
+// where they lie (row stride ldw; WE: float, or uint16_t for bf16 weights, whose columns are
+// read in pairs, one 32-bit broadcast for two, when PAIRS), Dt the tokens packed [slot][8 TV].
+// The sum starts from zero or from run; it goes back to run (keep), or into cacc as C's first
+// k block or added to it.
 enum class WtEnd { keep, first, add };
-template <int TV, int NT>
-void micro_wt(int64_t kn, const float* w, int64_t ldw, const float* dt, float* run, float* cacc,
+template <int TV, int NT, class WE, bool PAIRS = false>
+void micro_wt(int64_t kn, const WE* w, int64_t ldw, const float* dt, float* run, float* cacc,
               bool from_run, WtEnd end, int nt, const char* const* pf, int npf) {
+  static_assert(!PAIRS || (std::is_same_v<WE, uint16_t> && NT % 2 == 0));
   constexpr int T = 8 * TV;
   __m256 c[NT][TV];
-  const float* wr[NT];
+  const WE* wr[NT];
 #pragma GCC unroll 8
   for (int i = 0; i < NT; ++i) {
     wr[i] = w + (i < nt ? i : 0);
@@ -399,7 +402,17 @@ void micro_wt(int64_t kn, const float* w, int64_t ldw, const float* dt, float* r
     }
 #pragma GCC unroll 8
     for (int i = 0; i < NT; ++i) {
-      const __m256 x = _mm256_broadcast_ss(wr[i] + k * ldw);
+      __m256 x;
+      if constexpr (PAIRS) {  // columns i, i + 1: the low and high halves of one word
+        const __m256i u = _mm256_castps_si256(
+            _mm256_broadcast_ss(reinterpret_cast<const float*>(wr[i & ~1] + k * ldw)));
+        x = _mm256_castsi256_ps(i % 2 ? _mm256_and_si256(u, _mm256_set1_epi32(int(0xffff0000u)))
+                                      : _mm256_slli_epi32(u, 16));
+      } else if constexpr (std::is_same_v<WE, uint16_t>) {
+        x = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_set1_epi16(short(wr[i][k * ldw])), 16));
+      } else {
+        x = _mm256_broadcast_ss(wr[i] + k * ldw);
+      }
 #pragma GCC unroll 4
       for (int j = 0; j < TV; ++j) c[i][j] = _mm256_fmadd_ps(x, b[j], c[i][j]);
     }
@@ -426,9 +439,11 @@ void micro_wt(int64_t kn, const float* w, int64_t ldw, const float* dt, float* r
 // product, which packs W panel by panel (reading 64 bytes from each of 256 rows a page or more
 // apart) and sums 32 tokens as six 6-row tiles: each W element is read once per tile of
 // columns, no rows are wasted, nothing of W is copied. The sums run in gemm()'s k blocks and
-// order (each block from zero, then added to C): the same bits.
-template <int TV>
+// order (each block from zero, then added to C): the same bits. BF: the bf16 kind (the tokens
+// rounded as packed; W bf16, two columns broadcast from one word).
+template <int TV, bool BF>
 void gemm_wt(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc, Store st) {
+  using WE = std::conditional_t<BF, uint16_t, float>;
   constexpr int T = 8 * TV, NT = TV == 3 ? 3 : 8 / TV;  // 8-9 accumulators
   constexpr int64_t NCH = 128, KS = 64;  // columns a chunk (its sums: 2 x 16 KiB), slots a step
   const int64_t KCB = kc_for(K);
@@ -437,12 +452,12 @@ void gemm_wt(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t 
   const int64_t wdt = (K * T + 15) / 16 * 16, wsum = 2 * (NCH + NT) * T;  // (a tile past nc)
   uint32_t* ws = workspace(wdt + nthreads * wsum);
   float* const dt = reinterpret_cast<float*>(ws);  // [K][T]
-  const float* W = static_cast<const float*>(B.p);
+  const WE* W = static_cast<const WE*>(B.p);
   const int64_t ldw = B.ks;
   const auto band = [&](int t, int nt) {
     // the tokens' slots, packed by both threads
     const int64_t kg = (K + 7) / 8, p0 = kg * t / nt * 8, p1 = lo(K, kg * (t + 1) / nt * 8);
-    if (p1 > p0) pack<Slot::f32>(ws + p0 * T, A, M, K, 0, T, p0, p1 - p0);
+    if (p1 > p0) pack<BF ? Slot::bf16 : Slot::f32>(ws + p0 * T, A, M, K, 0, T, p0, p1 - p0);
     if (!serial) {
 #pragma omp barrier
     }
@@ -465,16 +480,23 @@ void gemm_wt(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t 
           if (cn0 < n1) {
             const int64_t cnn = lo(NCH, n1 - cn0);
             for (int64_t k = kn0; k < lo(K, kn0 + KS); ++k)
-              for (int64_t b = 0; b < cnn * 4 && npf < kLines; b += 64)
+              for (int64_t b = 0; b < cnn * int64_t(sizeof(WE)) && npf < kLines; b += 64)
                 lines[npf++] = reinterpret_cast<const char*>(W + k * ldw + cn0) + b;
           }
           const int per = int(lo((npf + tiles - 1) / tiles, sn));
           const WtEnd end = s0 + sn < kc ? WtEnd::keep : pc == 0 ? WtEnd::first : WtEnd::add;
           for (int64_t i = 0; i < nc; i += NT) {
             const int64_t f = (i / NT) * per;
-            micro_wt<TV, NT>(sn, W + k0 * ldw + c0 + i, ldw, dt + k0 * T, run + i * T, cacc + i * T,
-                             s0 > 0, end, int(lo(NT, nc - i)), lines + f,
-                             int(lo(per, npf - f > 0 ? npf - f : 0)));
+            const int ntl = int(lo(NT, nc - i)), nf = int(lo(per, npf - f > 0 ? npf - f : 0));
+            const WE* w = W + k0 * ldw + c0 + i;  // (c0 + i even with NT)
+            if constexpr (BF && NT % 2 == 0)
+              if (ntl == NT) {
+                micro_wt<TV, NT, WE, true>(sn, w, ldw, dt + k0 * T, run + i * T, cacc + i * T,
+                                           s0 > 0, end, ntl, lines + f, nf);
+                continue;
+              }
+            micro_wt<TV, NT, WE>(sn, w, ldw, dt + k0 * T, run + i * T, cacc + i * T, s0 > 0, end,
+                                 ntl, lines + f, nf);
           }
         }
       }
@@ -485,8 +507,12 @@ void gemm_wt(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t 
           for (int r = 0; r < 8; ++r) x[r] = _mm256_load_ps(cacc + lo(i + r, nc - 1) * T + h);
           transpose8(x);  // x[c]: token h + c, columns i..i+7
           for (int c = 0; c < 8 && h + c < M; ++c)
-            store_f32(C + (h + c) * ldc + c0 + i, nc - i,
-                      st == Store::round ? round_bf16(x[c]) : x[c]);
+            if (st == Store::bf16)
+              store_bf16(reinterpret_cast<uint16_t*>(C) + (h + c) * ldc + c0 + i, nc - i,
+                         round_bf16(x[c]));
+            else
+              store_f32(C + (h + c) * ldc + c0 + i, nc - i,
+                        st == Store::round ? round_bf16(x[c]) : x[c]);
         }
     }
   };
@@ -495,17 +521,19 @@ void gemm_wt(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t 
   band(omp_get_thread_num(), omp_get_num_threads());
 }
 
-// The fp32 kind's entry: dx at few rows as above, everything else the blocked product.
-void gemm_fp32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
-               bool accumulate, float alpha, Store st) {
-  if (M > 0 && M <= 32 && N > 0 && K > 0 && !accumulate && alpha == 1.0f && st != Store::bf16 &&
-      B.rs == 1 && !B.bf16) {
-    if (M > 24) return gemm_wt<4>(M, N, K, A, B, C, ldc, st);
-    if (M > 16) return gemm_wt<3>(M, N, K, A, B, C, ldc, st);
-    if (M > 8) return gemm_wt<2>(M, N, K, A, B, C, ldc, st);
-    return gemm_wt<1>(M, N, K, A, B, C, ldc, st);
+// The kinds' entries: dx at few rows as above (fp32 weights for the fp32 kind, bf16 for the
+// bf16 kind), everything else the blocked product.
+template <bool BF>
+void gemm_entry(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
+                bool accumulate, float alpha, Store st) {
+  if (M > 0 && M <= 32 && N > 0 && K > 0 && !accumulate && alpha == 1.0f && B.rs == 1 &&
+      B.bf16 == BF) {
+    if (M > 24) return gemm_wt<4, BF>(M, N, K, A, B, C, ldc, st);
+    if (M > 16) return gemm_wt<3, BF>(M, N, K, A, B, C, ldc, st);
+    if (M > 8) return gemm_wt<2, BF>(M, N, K, A, B, C, ldc, st);
+    return gemm_wt<1, BF>(M, N, K, A, B, C, ldc, st);
   }
-  gemm<Kern, false>(M, N, K, A, B, C, ldc, accumulate, alpha, st);
+  gemm<Kern, BF>(M, N, K, A, B, C, ldc, accumulate, alpha, st);
 }
 
 }  // namespace
@@ -513,8 +541,8 @@ void gemm_fp32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_
 namespace avx2 {
 extern const GemmSet kernels = {
     "avx2",
-    gemm_fp32,
-    gemm<Kern, true>,
+    gemm_entry<false>,
+    gemm_entry<true>,
     gemm_sgd16<Kern>,
     {attn_forward<Kern, false>, attn_forward<Kern, true>, attn_forward<Kern, true, true>},
     {attn_backward<Kern, false>, attn_backward<Kern, true>, attn_backward<Kern, true, true>}};
