@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "cpu/gemm_driver.h"
-#include "cpu/vexp.h"
+#include "cpu/vmath.h"
 
 namespace tq::cpu {
 namespace {
@@ -220,13 +220,9 @@ inline const float* widen(const uint16_t* x, float* buf, int64_t n) {
   }
   return buf;
 }
-// sum a[i] b[i] by lanes: one function for both storages, so one order of sums (inlined into
-// each, the compiler vectorized them differently)
-__attribute__((noinline)) float row_dot(const float* a, const float* b, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
+// sum a[i] b[i] by lanes
+inline float row_dot(const float* a, const float* b, int64_t n) {
+  return lane_sum(n, [=](int64_t i) { return a[i] * b[i]; });
 }
 
 // H16: q, k, v, out in bf16 storage (bf16 kind only; the pointers hold uint16_t)

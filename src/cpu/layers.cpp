@@ -12,7 +12,7 @@
 
 #include "core/common.h"
 #include "cpu/gemm.h"
-#include "cpu/vexp.h"
+#include "cpu/vmath.h"
 
 namespace tq::cpu {
 
@@ -44,21 +44,6 @@ void embedding_backward(float* dE, const float* dout, const int32_t* tokens, int
 
 // One row of RMSNorm: o = x rstd w, rstd returned (rmsnorm_forward and the fused QK-norm).
 // (In two parts, so that the fused QK-norm can start the sums of a group's rows together.)
-// sum of term(c), c < n, in 16 lanes (lane c % 16), the lanes then added pairwise: by lanes
-// because a serial sum is one add latency per element (QK-norm's rows), and in this order
-// whatever the loop compiles to (an `omp simd` reduction leaves the order to the compiler,
-// which on AVX2 summed a D = 128 row of the fused QK-norm unlike the same row of rmsnorm).
-template <class F>
-static inline float lane_sum(int64_t n, F term) {
-  float acc[16] = {};
-  int64_t c = 0;
-  for (; c + 16 <= n; c += 16)
-    for (int l = 0; l < 16; ++l) acc[l] += term(c + l);
-  for (int l = 0; c + l < n; ++l) acc[l] += term(c + l);
-  for (int w = 8; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-  return acc[0];
-}
 static inline float rms_rstd(const float* xr, int64_t C, double eps) {
   const float ss = lane_sum(C, [xr](int64_t c) { return xr[c] * xr[c]; });
   return 1.0f / std::sqrt(ss / C + float(eps));
@@ -366,10 +351,7 @@ void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq,
 }
 
 static inline float dot(const float* a, const float* b, int64_t D) {
-  float s = 0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t e = 0; e < D; ++e) s += a[e] * b[e];
-  return s;
+  return lane_sum(D, [=](int64_t e) { return a[e] * b[e]; });
 }
 
 // Causal attention. With our kernels: cpu/attention_driver.h. The portable path (OpenBLAS):
@@ -396,10 +378,11 @@ static void block_probs(float* s, const float* qs, const float* kp, int64_t i0, 
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) row[j] = vexp(row[j] - l);
     } else {
-      float mx = -INFINITY, sum = 0;
+      float mx = -INFINITY;
       for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < n; ++j) sum += (row[j] = vexp(row[j] - mx));
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) row[j] = vexp(row[j] - mx);
+      const float sum = lane_sum(n, [row](int64_t j) { return row[j]; });
       const float inv = 1.0f / sum;
       for (int64_t j = 0; j < n; ++j) row[j] *= inv;
       lse_new[g * T + r] = mx + std::log(sum);
@@ -595,9 +578,7 @@ double crossentropy_forward(float* lse, const float* logits, const int32_t* targ
     const float* row = logits + n * V;
     float mx = -INFINITY;
     for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
-    float sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < V; ++j) sum += vexp(row[j] - mx);
+    const float sum = lane_sum(V, [row, mx](int64_t j) { return vexp(row[j] - mx); });
     lse[n] = mx + std::log(sum);
     per_row[n] = double(lse[n]) - double(row[targets[n]]);
   }

@@ -1,0 +1,61 @@
+// Helpers for vectorized loops, in an anonymous namespace: each file that includes it gets its
+// own copy, compiled for that file's instructions (see gemm_driver.h).
+//
+// vexp: exp (libm's is a call per element). 2^n p(r), r = x - n ln2 in [-ln2/2, ln2/2], Cephes'
+// degree-6 polynomial; within 2 ulp of exp over the normal range (tested against std::exp), 0 below
+// it, inf above, NaN kept. Branch-free, so `omp simd` loops that call it vectorize: with AVX2 only
+// in files built with -fno-trapping-math (GCC will not turn its selects into blends
+// otherwise), and only with plain selects and memcpy (std::clamp and std::bit_cast defeat
+// GCC 12's vectorizer).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace tq::cpu {
+namespace {
+
+inline float pow2i(int32_t n) {  // 2^n, n in [-126, 127]
+  const int32_t i = (n + 127) << 23;
+  float f;
+  std::memcpy(&f, &i, 4);
+  return f;
+}
+inline float vexp(float x) {
+  const float n = std::nearbyint(x * 1.44269504f);
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p * r, r, r) + 1.0f;
+  // 2^n as two factors: n reaches 128 just below the overflow bound
+  const float nc = n < -128.0f ? -128.0f : n > 128.0f ? 128.0f : n;
+  const int32_t n1 = int32_t(nc) / 2, n2 = int32_t(nc) - n1;
+  const float y = p * pow2i(n1) * pow2i(n2);
+  return x < -87.33654f ? 0.0f : x > 88.72283f ? INFINITY : x != x ? x : y;
+}
+
+// lane_sum: the sum of term(i), i < n, in 16 lanes (lane i % 16), the lanes then added
+// pairwise. By lanes because a serial sum is one add latency per element; in this order
+// because an `omp simd` reduction leaves the order to the compiler, and so the bits to the
+// build machine's instructions (on AVX2 a D = 128 row of the fused QK-norm summed unlike the
+// same row of rmsnorm). term is inlined and vectorized across the lanes.
+template <class F>
+inline float lane_sum(int64_t n, F term) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+#pragma omp simd
+    for (int l = 0; l < 16; ++l) acc[l] += term(i + l);
+  for (int l = 0; i + l < n; ++l) acc[l] += term(i + l);
+  for (int w = 8; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+
+}  // namespace
+}  // namespace tq::cpu
