@@ -433,14 +433,14 @@ void micro_wt(int64_t kn, const WE* w, int64_t ldw, const float* dt, float* run,
     }
 }
 
-// C[M, N] = A Bᵀ for M <= 32 rows (dx = dout W at W1's 32 tokens), B's fp32 rows contiguous in
-// n (W's rows): computed as Cᵀ, NT columns of W by all tokens a tile, W broadcast where it
-// lies and the tokens packed once [slot][T] (T = 8 TV) for both threads. Against the blocked
-// product, which packs W panel by panel (reading 64 bytes from each of 256 rows a page or more
-// apart) and sums 32 tokens as six 6-row tiles: each W element is read once per tile of
-// columns, no rows are wasted, nothing of W is copied. The sums run in gemm()'s k blocks and
-// order (each block from zero, then added to C): the same bits. BF: the bf16 kind (the tokens
-// rounded as packed; W bf16, two columns broadcast from one word).
+// C[M, N] = A Bᵀ for M <= 32 rows (dx = dout W at W1's 32 tokens), B's rows contiguous in n
+// (W's rows; fp32 for the fp32 kind, bf16 for the bf16 kind): computed as Cᵀ, NT columns of W by
+// all tokens a tile, W broadcast where it lies and the tokens packed once [slot][T] (T = 8 TV) for
+// both threads. Against the blocked product, which packs W panel by panel (reading 64 bytes from
+// each of 256 rows a page or more apart) and sums 32 tokens as six 6-row tiles: each W element is
+// read once per tile of columns, no rows are wasted, nothing of W is copied. The sums run in
+// gemm()'s k blocks and order (each block from zero, then added to C): the same bits. BF: the bf16
+// kind (the tokens rounded as packed; W bf16, two columns broadcast from one word).
 template <int TV, bool BF>
 void gemm_wt(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc, Store st) {
   using WE = std::conditional_t<BF, uint16_t, float>;
