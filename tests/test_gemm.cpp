@@ -160,8 +160,8 @@ TEST(Gemm, Bf16MatchesPlainSumsOverShapesAndLayouts) {
   run(true);
 }
 
-// Few rows against k-contiguous weights take gemm_skinny (the roles swapped), and on AVX2 the
-// fp32 kind's dx = dout W (row-contiguous weights) takes gemm_wt; the rows either computes are
+// Few rows against k-contiguous weights take gemm_skinny (the roles swapped), and on AVX2 dx =
+// dout W (row-contiguous weights of the kind's type) takes gemm_wt; the rows either computes are
 // bit for bit those of the general path, which a taller A takes: both kinds, fp32 and bf16
 // weights, each of gemm_wt's token widths (8, 16, 24, 32).
 TEST(Gemm, SkinnyProductsMatchTheGeneralPathBitForBit) {

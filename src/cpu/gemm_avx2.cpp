@@ -293,6 +293,28 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
   }
 }
 
+// Cᵀ[nr, mr] <- T (mr <= 8 rows of nr, aligned, row stride ldt), stored as st says (bf16
+// storage: C holds uint16_t). (Read back as the vectors it was written with: scalar reads of
+// fresh vector stores would stall on store forwarding.)
+inline void store_transposed(float* C, int64_t ldc, const float* T, int64_t ldt, int mr, int nr,
+                             Store st) {
+  for (int h = 0; h < nr; h += 8) {
+    __m256 t[8];
+    for (int r = 0; r < 8; ++r) {
+      t[r] = _mm256_setzero_ps();
+      if (r >= mr) continue;
+      const __m256 x = _mm256_load_ps(T + r * ldt + h);
+      t[r] = st != Store::f32 ? round_bf16(x) : x;
+    }
+    transpose8(t);  // t[c]: column h + c, rows 0..7
+    for (int c = 0; c < 8 && h + c < nr; ++c)
+      if (st == Store::bf16)
+        store_bf16(reinterpret_cast<uint16_t*>(C) + (h + c) * ldc, mr, t[c]);
+      else
+        store_slot(reinterpret_cast<uint32_t*>(C + (h + c) * ldc), mr, t[c]);
+  }
+}
+
 // The kernel set for gemm_driver.h (the bf16 kind one k per slot, rounded on packing).
 struct Kern {
   static constexpr int MR = cpu::MR, NR = cpu::NR;
@@ -324,21 +346,7 @@ struct Kern {
   static constexpr bool kScaledColsA = false;
   static bool in_place(bool bf16_kind, const View& A, int64_t) { return !bf16_kind || A.bf16; }
   static void store_t(float* C, int64_t ldc, const float* T, int mr, int nr, Store st) {
-    for (int h = 0; h < nr; h += 8) {
-      __m256 t[8];
-      for (int r = 0; r < 8; ++r) {
-        t[r] = _mm256_setzero_ps();
-        if (r >= mr) continue;
-        const __m256 x = _mm256_load_ps(T + r * NR + h);
-        t[r] = st != Store::f32 ? round_bf16(x) : x;
-      }
-      transpose8(t);  // t[c]: token h + c, rows 0..7
-      for (int c = 0; c < 8 && h + c < nr; ++c)
-        if (st == Store::bf16)
-          store_bf16(reinterpret_cast<uint16_t*>(C) + (h + c) * ldc, mr, t[c]);
-        else
-          store_slot(reinterpret_cast<uint32_t*>(C + (h + c) * ldc), mr, t[c]);
-    }
+    store_transposed(C, ldc, T, NR, mr, nr, st);
   }
   static void micro_inplace(int64_t S, const void* A, bool bf16, int64_t lda, const uint32_t* B,
                             float* C, int64_t ldc, int mr, int nr, bool acc, const char* const* pf,
@@ -444,6 +452,7 @@ void micro_wt(int64_t kn, const WE* w, int64_t ldw, const float* dt, float* run,
 template <int TV, bool BF>
 void gemm_wt(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc, Store st) {
   using WE = std::conditional_t<BF, uint16_t, float>;
+  constexpr Slot SL = BF ? Slot::bf16 : Slot::f32;
   constexpr int T = 8 * TV, NT = TV == 3 ? 3 : 8 / TV;  // 8-9 accumulators
   constexpr int64_t NCH = 128, KS = 64;  // columns a chunk (its sums: 2 x 16 KiB), slots a step
   const int64_t KCB = kc_for(K);
@@ -457,7 +466,7 @@ void gemm_wt(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t 
   const auto band = [&](int t, int nt) {
     // the tokens' slots, packed by both threads
     const int64_t kg = (K + 7) / 8, p0 = kg * t / nt * 8, p1 = lo(K, kg * (t + 1) / nt * 8);
-    if (p1 > p0) pack<BF ? Slot::bf16 : Slot::f32>(ws + p0 * T, A, M, K, 0, T, p0, p1 - p0);
+    if (p1 > p0) pack<SL>(ws + p0 * T, A, M, K, 0, T, p0, p1 - p0);
     if (!serial) {
 #pragma omp barrier
     }
@@ -475,14 +484,10 @@ void gemm_wt(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t 
           const int64_t sn = lo(KS, kc - s0), k0 = pc + s0;
           // the lines of the next step (these columns' next slots, else the next chunk's
           // first), handed out to this step's tiles
-          int npf = 0;
           const int64_t kn0 = k0 + sn < K ? k0 + sn : 0, cn0 = k0 + sn < K ? c0 : c0 + NCH;
-          if (cn0 < n1) {
-            const int64_t cnn = lo(NCH, n1 - cn0);
-            for (int64_t k = kn0; k < lo(K, kn0 + KS); ++k)
-              for (int64_t b = 0; b < cnn * int64_t(sizeof(WE)) && npf < kLines; b += 64)
-                lines[npf++] = reinterpret_cast<const char*>(W + k * ldw + cn0) + b;
-          }
+          const int npf = cn0 < n1 ? panel_lines<SL>(lines, kLines, B, N, K, cn0,
+                                                     int(lo(NCH, n1 - cn0)), kn0, KS)
+                                   : 0;
           const int per = int(lo((npf + tiles - 1) / tiles, sn));
           const WtEnd end = s0 + sn < kc ? WtEnd::keep : pc == 0 ? WtEnd::first : WtEnd::add;
           for (int64_t i = 0; i < nc; i += NT) {
@@ -500,20 +505,10 @@ void gemm_wt(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t 
           }
         }
       }
-      // Cᵀ -> C, 8 columns x 8 tokens at a time
+      // Cᵀ -> C, 8 columns at a time
       for (int64_t i = 0; i < nc; i += 8)
-        for (int64_t h = 0; h < T && h < M; h += 8) {
-          __m256 x[8];
-          for (int r = 0; r < 8; ++r) x[r] = _mm256_load_ps(cacc + lo(i + r, nc - 1) * T + h);
-          transpose8(x);  // x[c]: token h + c, columns i..i+7
-          for (int c = 0; c < 8 && h + c < M; ++c)
-            if (st == Store::bf16)
-              store_bf16(reinterpret_cast<uint16_t*>(C) + (h + c) * ldc + c0 + i, nc - i,
-                         round_bf16(x[c]));
-            else
-              store_f32(C + (h + c) * ldc + c0 + i, nc - i,
-                        st == Store::round ? round_bf16(x[c]) : x[c]);
-        }
+        store_transposed(tile(C, c0 + i, st == Store::bf16), ldc, cacc + i * T, T,
+                         int(lo(8, nc - i)), int(M), st);
     }
   };
   if (serial) return band(0, 1);
