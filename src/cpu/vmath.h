@@ -15,12 +15,6 @@
 namespace tq::cpu {
 namespace {
 
-inline float pow2i(int32_t n) {  // 2^n, n in [-126, 127]
-  const int32_t i = (n + 127) << 23;
-  float f;
-  std::memcpy(&f, &i, 4);
-  return f;
-}
 inline float vexp(float x) {
   const float n = std::nearbyint(x * 1.44269504f);
   float r = std::fma(n, -0.693359375f, x);
@@ -32,10 +26,16 @@ inline float vexp(float x) {
   p = std::fma(p, r, 1.6666665459e-1f);
   p = std::fma(p, r, 5.0000001201e-1f);
   p = std::fma(p * r, r, r) + 1.0f;
-  // 2^n as two factors: n reaches 128 just below the overflow bound
-  const float nc = n < -128.0f ? -128.0f : n > 128.0f ? 128.0f : n;
-  const int32_t n1 = int32_t(nc) / 2, n2 = int32_t(nc) - n1;
-  const float y = p * pow2i(n1) * pow2i(n2);
+  // p 2^n by adding n to p's exponent: exact where the result is normal, which covers every x
+  // the selects below let through (n reaches 128 just below the overflow bound, where p <= 1).
+  // The same bits as the product p 2^n1 2^n2 (n1 + n2 = n) it replaced, for every float x
+  // (checked exhaustively), in ~25 % fewer instructions.
+  const float nc = n < -127.0f ? -127.0f : n > 128.0f ? 128.0f : n;  // (a defined conversion)
+  uint32_t u;
+  std::memcpy(&u, &p, 4);
+  u += uint32_t(int32_t(nc)) << 23;
+  float y;
+  std::memcpy(&y, &u, 4);
   return x < -87.33654f ? 0.0f : x > 88.72283f ? INFINITY : x != x ? x : y;
 }
 
