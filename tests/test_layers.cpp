@@ -595,7 +595,8 @@ TEST(Exp, WithinTwoUlpOfStdExp) {
     for (float x = lo; x <= hi; x = std::nextafter(x, INFINITY)) {
       const float got = tq::cpu::exp_for_tests(x), want = std::exp(x);
       const int ulp = std::abs(std::bit_cast<int32_t>(got) - std::bit_cast<int32_t>(want));
-      ASSERT_TRUE(std::isnormal(got) && ulp <= 2) << "x=" << x << " got " << got << " want " << want;
+      ASSERT_TRUE(std::isnormal(got) && ulp <= 2)
+          << "x=" << x << " got " << got << " want " << want;
     }
   EXPECT_EQ(tq::cpu::exp_for_tests(std::nextafter(-87.33654f, -INFINITY)), 0.0f);
   EXPECT_EQ(tq::cpu::exp_for_tests(std::nextafter(88.72283f, INFINITY)), INFINITY);
