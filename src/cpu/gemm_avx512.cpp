@@ -216,7 +216,9 @@ void pack(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int
 // multiples apart share one L1 set: a chunk reads at most 8 of them). The next chunk's runs
 // are fetched into L1 meanwhile: its k rows lie a page or more apart (dout's rows, 16-24 KiB
 // in dW's A), where no hardware prefetcher follows, so each line would wait on DRAM in turn
-// (W2 bf16 SGD products -18 %, dx -4 % on Zen 5; fp32 dW reads its A in place). Written out
+// (W2 bf16 SGD products -18 %, dx -4 % on Zen 5; fp32 dW reads its A in place). One chunk
+// ahead is not enough to cover DRAM latency: the chunk four ahead is also fetched into L2
+// (W2 bf16 SGD products a further -4 %, fp32 dx + dW -3 % on Zen 4). Written out
 // here, not through a line visitor shared with panel_lines: built that way, GCC 12 left no
 // prefetch in the object at all (measured +24 %, then seen in the disassembly).
 template <bool BF>
@@ -228,9 +230,12 @@ void pack_panels(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t 
                 span = (lo(rows, r0 + n) - r0) * es;
   const char* src = static_cast<const char*>(v.p) + r0 * es;
   for (int64_t c = 0; c < S; c += chunk) {
-    if (chunked)
+    if (chunked) {  // the chunk 4 ahead into L2, the next one into L1
+      for (int64_t k = (s0 + c + 4 * chunk) * per; k < lo(K, (s0 + c + 5 * chunk) * per); ++k)
+        for (int64_t b = 0; b < span; b += 64) _mm_prefetch(src + k * v.ks * es + b, _MM_HINT_T1);
       for (int64_t k = (s0 + c + chunk) * per; k < lo(K, (s0 + c + 2 * chunk) * per); ++k)
         for (int64_t b = 0; b < span; b += 64) _mm_prefetch(src + k * v.ks * es + b, _MM_HINT_T0);
+    }
     for (int64_t r = 0; r < n; r += R)
       pack<BF>(dst + r * S + c * R, v, rows, K, r0 + r, R, s0 + c, lo(chunk, S - c));
   }
