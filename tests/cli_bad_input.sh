@@ -115,5 +115,30 @@ expect_failed_run() {  # what args...
 expect_failed_run "diverging loss (NaN)" --learning-rate 1e30 --steps 4
 # lr 1e-30 leaves every weight as it is (each step is far below its ulp): the loss cannot fall
 expect_failed_run "loss not falling" --learning-rate 1e-30 --steps 2
+# the default thread count is the CPUs this process may run on; more than those is said once
+if command -v taskset >/dev/null; then
+  taskset -c 0 "$bin" train --steps 2 --output "$dir/t.pt" >"$dir/out" 2>"$dir/err"
+  rc=$?
+  if [ "$rc" -eq 0 ] && grep -q '^device: CPU(threads=1,' "$dir/out" && [ ! -s "$dir/err" ]; then
+    echo "ok: default threads under taskset -c 0: $(grep '^device' "$dir/out")"
+    passes=$((passes + 1))
+  else
+    echo "FAIL: default threads under taskset -c 0: rc=$rc $(grep '^device' "$dir/out") $(cat "$dir/err")"
+    fails=$((fails + 1))
+  fi
+  taskset -c 0 "$bin" train --steps 2 --threads 2 --output "$dir/t.pt" >"$dir/out" 2>"$dir/err"
+  rc=$?
+  if [ "$rc" -eq 0 ] && grep -q '^device: CPU(threads=2,' "$dir/out" && [ "$(wc -l <"$dir/err")" -eq 1 ] &&
+    grep -q '^warning: --threads 2 is more than the 1 CPU(s)' "$dir/err"; then
+    echo "ok: --threads 2 under taskset -c 0: $(cat "$dir/err")"
+    passes=$((passes + 1))
+  else
+    echo "FAIL: --threads 2 under taskset -c 0: rc=$rc $(cat "$dir/err")"
+    fails=$((fails + 1))
+  fi
+  rm -f "$dir"/t*.pt
+else
+  echo "skip: the thread-count checks need taskset (util-linux)"
+fi
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -2,6 +2,7 @@
 // tier against the reference, forward and backward, over several shapes including odd ones.
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <sched.h>
 
 #include <bit>
 #include <cmath>
@@ -378,6 +379,22 @@ TEST_P(CrossEntropy, MatchesReferenceAndFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropy,
                          ::testing::Values(std::tuple{1, 2}, std::tuple{5, 11},
                                            std::tuple{32, 2048}, std::tuple{7, 1000}));
+
+// ------------------------------------------------------------------ threads
+TEST(Threads, DefaultIsTheCpusThisProcessMayUse) {
+  cpu_set_t set;
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  const int n = cpu::available_cpus();
+  EXPECT_GE(n, 1);
+  EXPECT_LE(n, CPU_COUNT(&set));  // (a cgroup quota may lower it further)
+  EXPECT_EQ(cpu::cpus_in_quota("max 100000\n", 8), 8);
+  EXPECT_EQ(cpu::cpus_in_quota("200000 100000\n", 8), 2);
+  EXPECT_EQ(cpu::cpus_in_quota("150000 100000", 8), 2);  // part of a CPU: a thread for it
+  EXPECT_EQ(cpu::cpus_in_quota("50000 100000", 8), 1);
+  EXPECT_EQ(cpu::cpus_in_quota("1600000 100000", 8), 8);  // the mask is the smaller
+  EXPECT_EQ(cpu::cpus_in_quota("", 4), 4);
+  EXPECT_EQ(cpu::cpus_in_quota("garbage", 4), 4);
+}
 
 // ------------------------------------------------------------------ embedding, qkv split
 TEST(Embedding, GathersAndScatterAddsRepeatedTokens) {

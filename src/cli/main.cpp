@@ -11,7 +11,6 @@
 #include <fstream>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/common.h"
@@ -64,9 +63,17 @@ std::string fmt_g(double v) {
   return b;
 }
 
-int default_threads() {
-  const unsigned n = std::thread::hardware_concurrency();
-  return n ? int(n) : 1;
+// --threads, or every CPU this process may run on; more than those is allowed (results do not
+// depend on the thread count) but said, being slower.
+int threads_for(int asked) {
+  const int cpus = cpu::available_cpus();
+  if (asked > cpus)
+    std::fprintf(
+        stderr,
+        "warning: --threads %d is more than the %d CPU(s) this process may run on: threads "
+        "will take turns on them, slower than --threads %d\n",
+        asked, cpus, cpus);
+  return asked ? asked : cpus;
 }
 
 // Where a failed run's checkpoint goes: tiny-qwen3.pt -> tiny-qwen3.FAILED.pt
@@ -177,7 +184,7 @@ int train(TrainArgs a) {
   const MemoryPlan plan = validate(a, &gpu);
   const Config& c = preset(a.preset);
   const DType dtype = parse_dtype(a.dtype);
-  const int nthreads = a.threads ? a.threads : default_threads();
+  const int nthreads = threads_for(a.threads);
   cpu::set_threads(nthreads);
   if (gpu)
     std::printf("device: %s\n", gpu->describe().c_str());
@@ -282,7 +289,7 @@ struct CheckArgs {
 };
 
 int check(const CheckArgs& a) {
-  cpu::set_threads(a.threads ? a.threads : default_threads());
+  cpu::set_threads(threads_for(a.threads));
   if (!a.save_logits.empty()) check_output_file(a.save_logits);
   const Checkpoint ck = load_checkpoint(a.path);
   const Config& c = preset(ck.preset);
@@ -388,7 +395,7 @@ int main(int argc, char** argv) {
   tr->add_option("--steps", a.steps, "SGD steps")->capture_default_str();
   tr->add_option("--learning-rate", a.lr, "SGD learning rate")->capture_default_str();
   tr->add_option("--dtype", a.dtype, "parameter dtype: bfloat16 or float32")->capture_default_str();
-  tr->add_option("--threads", a.threads, "CPU threads (default: all cores)");
+  tr->add_option("--threads", a.threads, "CPU threads (default: the CPUs this process may run on)");
   tr->add_flag("--profile", a.profile, "time every kernel and print where a step's time goes");
   tr->add_option("--output", a.output, "checkpoint path (.pt)")->required();
   tr->add_option("--init-from", a.init_from,
@@ -399,7 +406,8 @@ int main(int argc, char** argv) {
   CheckArgs ca;
   CLI::App* ck = app.add_subcommand("check", "evaluate a model file in fp32 on the fixed batch");
   ck->add_option("checkpoint", ca.path, "a .pt, .safetensors or Hugging Face folder")->required();
-  ck->add_option("--threads", ca.threads, "CPU threads (default: all cores)");
+  ck->add_option("--threads", ca.threads,
+                 "CPU threads (default: the CPUs this process may run on)");
   ck->add_option("--seq-len", ca.seq_len,
                  "tokens to evaluate (default: the recorded seq_len, or 32)");
   ck->add_option("--save-logits", ca.save_logits, "also write the logits [T, V] (.safetensors)");

@@ -2,11 +2,14 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -29,6 +32,25 @@ void set_threads(int n) {
 }
 int threads() {
   return g_threads;
+}
+
+int cpus_in_quota(const char* cpu_max, int n) {
+  long long quota = 0, period = 0;
+  if (std::sscanf(cpu_max, "%lld %lld", &quota, &period) == 2 && quota > 0 && period > 0)
+    n = int(std::min<long long>(n, std::max<long long>(1, (quota + period - 1) / period)));
+  return n;
+}
+int available_cpus() {
+  cpu_set_t set;
+  int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (n <= 0) n = int(std::thread::hardware_concurrency());  // (over 1024 CPUs, say)
+  if (n <= 0) n = 1;
+  if (FILE* f = std::fopen("/sys/fs/cgroup/cpu.max", "r")) {  // a container's own cgroup
+    char line[64] = {};
+    if (std::fgets(line, sizeof line, f)) n = cpus_in_quota(line, n);
+    std::fclose(f);
+  }
+  return n;
 }
 
 void embedding_forward(float* out, const int32_t* tokens, const float* E, int64_t N, int64_t C) {
