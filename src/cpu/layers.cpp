@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -45,10 +47,22 @@ int available_cpus() {
   int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
   if (n <= 0) n = int(std::thread::hardware_concurrency());  // (over 1024 CPUs, say)
   if (n <= 0) n = 1;
-  if (FILE* f = std::fopen("/sys/fs/cgroup/cpu.max", "r")) {  // a container's own cgroup
-    char line[64] = {};
-    if (std::fgets(line, sizeof line, f)) n = cpus_in_quota(line, n);
-    std::fclose(f);
+  // The quotas of the process's cgroup v2 ("0::/path" in /proc/self/cgroup; "/" inside a
+  // container) and of every cgroup above it: each limits it.
+  std::string path;
+  if (std::ifstream in("/proc/self/cgroup"); in)
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("0::", 0) == 0) path = line.substr(3);
+  if (path == "/") path.clear();
+  for (;;) {
+    if (std::ifstream in("/sys/fs/cgroup" + path + "/cpu.max"); in) {
+      std::string line;
+      std::getline(in, line);
+      n = cpus_in_quota(line.c_str(), n);
+    }
+    const size_t slash = path.rfind('/');
+    if (slash == std::string::npos || path.empty()) break;
+    path.resize(slash);
   }
   return n;
 }
