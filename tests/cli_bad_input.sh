@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Bad input to the CLI: exit code 2, exactly one line on stderr, no output file left behind.
 set -u
+unset OMP_NUM_THREADS  # (it stands in for --threads: set below where tested)
 bin=$1
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
@@ -134,6 +135,19 @@ if command -v taskset >/dev/null; then
     passes=$((passes + 1))
   else
     echo "FAIL: --threads 2 under taskset -c 0: rc=$rc $(cat "$dir/err")"
+    fails=$((fails + 1))
+  fi
+  # OMP_NUM_THREADS stands in for --threads, which wins over it
+  OMP_NUM_THREADS=3 taskset -c 0 "$bin" train --steps 2 --output "$dir/t.pt" >"$dir/out" 2>"$dir/err"
+  rc=$?
+  OMP_NUM_THREADS=3 "$bin" train --steps 2 --threads 1 --output "$dir/t2.pt" >"$dir/out2" 2>&1
+  if [ "$rc" -eq 0 ] && grep -q '^device: CPU(threads=3,' "$dir/out" &&
+    grep -q '^warning: OMP_NUM_THREADS=3 is more than the 1 CPU(s)' "$dir/err" &&
+    grep -q '^device: CPU(threads=1,' "$dir/out2" && ! grep -q warning "$dir/out2"; then
+    echo "ok: OMP_NUM_THREADS=3 under taskset -c 0: $(cat "$dir/err")"
+    passes=$((passes + 1))
+  else
+    echo "FAIL: OMP_NUM_THREADS=3: rc=$rc $(cat "$dir/err") $(grep '^device' "$dir/out" "$dir/out2")"
     fails=$((fails + 1))
   fi
   rm -f "$dir"/t*.pt

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -63,16 +64,23 @@ std::string fmt_g(double v) {
   return b;
 }
 
-// --threads, or every CPU this process may run on; more than those is allowed (results do not
-// depend on the thread count) but said, being slower.
+// --threads, else OMP_NUM_THREADS (its first number), else every CPU this process may run on.
+// More than those is allowed (results do not depend on the thread count) but said, being slower.
 int threads_for(int asked) {
   const int cpus = cpu::available_cpus();
+  std::string from = "--threads " + std::to_string(asked);
+  if (!asked)
+    if (const char* env = std::getenv("OMP_NUM_THREADS")) {
+      char* end = nullptr;
+      const long n = std::strtol(env, &end, 10);
+      if (end != env && n > 0 && n <= 4096 && (*end == '\0' || *end == ','))
+        asked = int(n), from = "OMP_NUM_THREADS=" + std::to_string(n);
+    }
   if (asked > cpus)
-    std::fprintf(
-        stderr,
-        "warning: --threads %d is more than the %d CPU(s) this process may run on: threads "
-        "will take turns on them, slower than --threads %d\n",
-        asked, cpus, cpus);
+    std::fprintf(stderr,
+                 "warning: %s is more than the %d CPU(s) this process may run on: its threads "
+                 "will take turns on them, slower than %d thread(s) would be\n",
+                 from.c_str(), cpus, cpus);
   return asked ? asked : cpus;
 }
 
@@ -395,7 +403,8 @@ int main(int argc, char** argv) {
   tr->add_option("--steps", a.steps, "SGD steps")->capture_default_str();
   tr->add_option("--learning-rate", a.lr, "SGD learning rate")->capture_default_str();
   tr->add_option("--dtype", a.dtype, "parameter dtype: bfloat16 or float32")->capture_default_str();
-  tr->add_option("--threads", a.threads, "CPU threads (default: the CPUs this process may run on)");
+  tr->add_option("--threads", a.threads,
+                 "CPU threads (default: OMP_NUM_THREADS, else the CPUs this process may run on)");
   tr->add_flag("--profile", a.profile, "time every kernel and print where a step's time goes");
   tr->add_option("--output", a.output, "checkpoint path (.pt)")->required();
   tr->add_option("--init-from", a.init_from,
@@ -407,7 +416,7 @@ int main(int argc, char** argv) {
   CLI::App* ck = app.add_subcommand("check", "evaluate a model file in fp32 on the fixed batch");
   ck->add_option("checkpoint", ca.path, "a .pt, .safetensors or Hugging Face folder")->required();
   ck->add_option("--threads", ca.threads,
-                 "CPU threads (default: the CPUs this process may run on)");
+                 "CPU threads (default: OMP_NUM_THREADS, else the CPUs this process may run on)");
   ck->add_option("--seq-len", ca.seq_len,
                  "tokens to evaluate (default: the recorded seq_len, or 32)");
   ck->add_option("--save-logits", ca.save_logits, "also write the logits [T, V] (.safetensors)");
