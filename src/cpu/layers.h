@@ -12,7 +12,7 @@ namespace tq::cpu {
 void set_threads(int n);       // OpenMP and BLAS
 float exp_for_tests(float x);  // the vectorizable exp the softmaxes and SwiGLU use
 int threads();
-// The CPUs this process may run on (the default thread count): its affinity mask (taskset, a
+// The CPUs this process may run on (the CLI's threads unless told): its affinity mask (taskset, a
 // container's cpuset), capped by the cgroup v2 CPU quotas over it (docker --cpus). More threads
 // than that take turns on the same cores, and each product waits for its slowest band.
 int available_cpus();
