@@ -116,41 +116,39 @@ expect_failed_run() {  # what args...
 expect_failed_run "diverging loss (NaN)" --learning-rate 1e30 --steps 4
 # lr 1e-30 leaves every weight as it is (each step is far below its ulp): the loss cannot fall
 expect_failed_run "loss not falling" --learning-rate 1e-30 --steps 2
-# the default thread count is the CPUs this process may run on; more than those is said once
+# The thread count on one CPU (taskset -c 0): the default is the CPUs this process may run
+# on; OMP_NUM_THREADS stands in for --threads, which wins over it; more threads than CPUs run,
+# with one warning line. expect_threads "what" THREADS WARNING [VAR=value ...] -- [args...]
+# (WARNING: the start of stderr's one line after "warning: ", or "" for an empty stderr)
+expect_threads() {
+  local what=$1 want=$2 warn=$3 envs=()
+  shift 3
+  while [ "$1" != -- ]; do envs+=("$1") && shift; done
+  shift
+  env "${envs[@]}" taskset -c 0 "$bin" train --steps 2 --output "$dir/t.pt" "$@" >"$dir/out" 2>"$dir/err"
+  local rc=$? ok=1
+  if [ "$rc" -ne 0 ] || ! grep -q "^device: CPU(threads=$want," "$dir/out"; then
+    ok=0
+  elif [ -z "$warn" ]; then
+    [ ! -s "$dir/err" ] || ok=0
+  else
+    [ "$(wc -l <"$dir/err")" -eq 1 ] && grep -q "^warning: $warn" "$dir/err" || ok=0
+  fi
+  if [ "$ok" -eq 1 ]; then
+    echo "ok: $what: $(grep '^device' "$dir/out") $(cat "$dir/err")"
+    passes=$((passes + 1))
+  else
+    echo "FAIL: $what: rc=$rc $(grep '^device' "$dir/out") $(cat "$dir/err")"
+    fails=$((fails + 1))
+  fi
+  rm -f "$dir"/t.pt
+}
 if command -v taskset >/dev/null; then
-  taskset -c 0 "$bin" train --steps 2 --output "$dir/t.pt" >"$dir/out" 2>"$dir/err"
-  rc=$?
-  if [ "$rc" -eq 0 ] && grep -q '^device: CPU(threads=1,' "$dir/out" && [ ! -s "$dir/err" ]; then
-    echo "ok: default threads under taskset -c 0: $(grep '^device' "$dir/out")"
-    passes=$((passes + 1))
-  else
-    echo "FAIL: default threads under taskset -c 0: rc=$rc $(grep '^device' "$dir/out") $(cat "$dir/err")"
-    fails=$((fails + 1))
-  fi
-  taskset -c 0 "$bin" train --steps 2 --threads 2 --output "$dir/t.pt" >"$dir/out" 2>"$dir/err"
-  rc=$?
-  if [ "$rc" -eq 0 ] && grep -q '^device: CPU(threads=2,' "$dir/out" && [ "$(wc -l <"$dir/err")" -eq 1 ] &&
-    grep -q '^warning: --threads 2 is more than the 1 CPU(s)' "$dir/err"; then
-    echo "ok: --threads 2 under taskset -c 0: $(cat "$dir/err")"
-    passes=$((passes + 1))
-  else
-    echo "FAIL: --threads 2 under taskset -c 0: rc=$rc $(cat "$dir/err")"
-    fails=$((fails + 1))
-  fi
-  # OMP_NUM_THREADS stands in for --threads, which wins over it
-  OMP_NUM_THREADS=3 taskset -c 0 "$bin" train --steps 2 --output "$dir/t.pt" >"$dir/out" 2>"$dir/err"
-  rc=$?
-  OMP_NUM_THREADS=3 "$bin" train --steps 2 --threads 1 --output "$dir/t2.pt" >"$dir/out2" 2>&1
-  if [ "$rc" -eq 0 ] && grep -q '^device: CPU(threads=3,' "$dir/out" &&
-    grep -q '^warning: OMP_NUM_THREADS=3 is more than the 1 CPU(s)' "$dir/err" &&
-    grep -q '^device: CPU(threads=1,' "$dir/out2" && ! grep -q warning "$dir/out2"; then
-    echo "ok: OMP_NUM_THREADS=3 under taskset -c 0: $(cat "$dir/err")"
-    passes=$((passes + 1))
-  else
-    echo "FAIL: OMP_NUM_THREADS=3: rc=$rc $(cat "$dir/err") $(grep '^device' "$dir/out" "$dir/out2")"
-    fails=$((fails + 1))
-  fi
-  rm -f "$dir"/t*.pt
+  expect_threads "default threads" 1 "" --
+  expect_threads "--threads 2" 2 "--threads 2 is more than the 1 CPU(s)" -- --threads 2
+  expect_threads "OMP_NUM_THREADS=3" 3 "OMP_NUM_THREADS=3 is more than the 1 CPU(s)" \
+    OMP_NUM_THREADS=3 --
+  expect_threads "--threads 1 over OMP_NUM_THREADS=3" 1 "" OMP_NUM_THREADS=3 -- --threads 1
 else
   echo "skip: the thread-count checks need taskset (util-linux)"
 fi
