@@ -40,6 +40,8 @@ expect_error "unknown dtype" train --dtype float16 $out
 expect_error "negative learning rate" train --learning-rate -0.1 $out
 expect_error "nan learning rate" train --learning-rate nan $out
 expect_error "zero batch" train --batch-size 0 $out
+expect_error "zero threads" train --threads 0 $out
+expect_error "threads above 4096" train --threads 4097 $out
 expect_error "unknown backend" train --backend tpu $out
 expect_error "negative --device" train --backend cuda --device -1 $out
 expect_error "non-numeric --device" train --backend cuda --device first $out
@@ -66,6 +68,8 @@ expect_error "legacy checkpoint" check "$dir/legacy.bin"
 head -c 1000000 "$dir/real.ckpt" >"$dir/trunc.bin"
 expect_error "truncated checkpoint" check "$dir/trunc.bin"
 expect_error "check with seq-len 0" check "$dir/real.ckpt" --seq-len 0
+expect_error "check with negative threads" check "$dir/real.ckpt" --threads -5
+expect_error "check with threads above 4096" check "$dir/real.ckpt" --threads 100000
 # imports and exports
 "$bin" export "$dir/real.ckpt" --format hf --out "$dir/hf" >/dev/null || { echo "FAIL: export"; exit 1; }
 expect_error "init-from a missing file" train --init-from "$dir/none.safetensors" $out

@@ -36,7 +36,8 @@ struct TrainArgs {
   bool preset_given = false;
   int64_t seq_len = 32, batch_size = 1, seed = 0, steps = 20;
   double lr = 0.05;
-  int threads = 0, device = 0;
+  int threads = 0;  // 0: not given (a given --threads is checked to 1..4096 as it is parsed)
+  int device = 0;
   bool profile = false;
 };
 
@@ -121,8 +122,6 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
   if (a.seed < 0) throw Error("--seed must be non-negative, got " + std::to_string(a.seed));
   if (!std::isfinite(a.lr) || a.lr <= 0)
     throw Error("--learning-rate must be a positive number, got " + fmt_g(a.lr));
-  if (a.threads < 0 || a.threads > 4096)
-    throw Error("--threads must be in 1..4096, got " + std::to_string(a.threads));
   for (const std::string& out : {a.output, a.dump_first_step})
     if (!out.empty()) check_output_file(out);
   const bool cuda = a.backend == "cuda";
@@ -291,7 +290,7 @@ int train(TrainArgs a) {
 
 struct CheckArgs {
   std::string path, save_logits;
-  int threads = 0;
+  int threads = 0;      // as in TrainArgs
   int64_t seq_len = 0;  // when not given: the recorded one, else 32
   bool seq_len_given = false;
 };
@@ -404,7 +403,8 @@ int main(int argc, char** argv) {
   tr->add_option("--learning-rate", a.lr, "SGD learning rate")->capture_default_str();
   tr->add_option("--dtype", a.dtype, "parameter dtype: bfloat16 or float32")->capture_default_str();
   tr->add_option("--threads", a.threads,
-                 "CPU threads (default: OMP_NUM_THREADS, else the CPUs this process may run on)");
+                 "CPU threads (default: OMP_NUM_THREADS, else the CPUs this process may run on)")
+      ->check(CLI::Range(1, 4096));
   tr->add_flag("--profile", a.profile, "time every kernel and print where a step's time goes");
   tr->add_option("--output", a.output, "checkpoint path (.pt)")->required();
   tr->add_option("--init-from", a.init_from,
@@ -416,7 +416,8 @@ int main(int argc, char** argv) {
   CLI::App* ck = app.add_subcommand("check", "evaluate a model file in fp32 on the fixed batch");
   ck->add_option("checkpoint", ca.path, "a .pt, .safetensors or Hugging Face folder")->required();
   ck->add_option("--threads", ca.threads,
-                 "CPU threads (default: OMP_NUM_THREADS, else the CPUs this process may run on)");
+                 "CPU threads (default: OMP_NUM_THREADS, else the CPUs this process may run on)")
+      ->check(CLI::Range(1, 4096));
   ck->add_option("--seq-len", ca.seq_len,
                  "tokens to evaluate (default: the recorded seq_len, or 32)");
   ck->add_option("--save-logits", ca.save_logits, "also write the logits [T, V] (.safetensors)");
