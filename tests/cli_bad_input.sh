@@ -40,6 +40,10 @@ expect_error "unknown dtype" train --dtype float16 $out
 expect_error "negative learning rate" train --learning-rate -0.1 $out
 expect_error "nan learning rate" train --learning-rate nan $out
 expect_error "zero batch" train --batch-size 0 $out
+expect_error "seed past 64 bits" train --seed 99999999999999999999 $out
+expect_error "hexadecimal seed" train --seed 0x10 $out
+expect_error "empty --output" train --output ""
+expect_error "empty --init-from" train --init-from "" $out
 expect_error "zero threads" train --threads 0 $out
 expect_error "threads above 4096" train --threads 4097 $out
 expect_error "unknown backend" train --backend tpu $out
@@ -68,6 +72,8 @@ expect_error "legacy checkpoint" check "$dir/legacy.bin"
 head -c 1000000 "$dir/real.ckpt" >"$dir/trunc.bin"
 expect_error "truncated checkpoint" check "$dir/trunc.bin"
 expect_error "check with seq-len 0" check "$dir/real.ckpt" --seq-len 0
+expect_error "check of an empty path" check ""
+expect_error "check with an empty --save-logits" check "$dir/real.ckpt" --save-logits ""
 expect_error "check with negative threads" check "$dir/real.ckpt" --threads -5
 expect_error "check with threads above 4096" check "$dir/real.ckpt" --threads 100000
 # imports and exports
@@ -120,6 +126,20 @@ expect_failed_run() {  # what args...
 expect_failed_run "diverging loss (NaN)" --learning-rate 1e30 --steps 4
 # lr 1e-30 leaves every weight as it is (each step is far below its ulp): the loss cannot fall
 expect_failed_run "loss not falling" --learning-rate 1e-30 --steps 2
+# Integers are read in decimal: --seed 010 is seed 10 (CLI11 alone read it as octal, seed 8)
+"$bin" train --steps 1 --seed 010 --output "$dir/a.pt" >"$dir/a" 2>&1
+"$bin" train --steps 1 --seed 10 --output "$dir/b.pt" >"$dir/b" 2>&1
+"$bin" train --steps 1 --seed 8 --output "$dir/c.pt" >"$dir/c" 2>&1
+a=$(grep '^step 01' "$dir/a" | cut -d' ' -f3) b=$(grep '^step 01' "$dir/b" | cut -d' ' -f3)
+c=$(grep '^step 01' "$dir/c" | cut -d' ' -f3)
+if [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$c" ]; then
+  echo "ok: --seed 010 is seed 10: $a"
+  passes=$((passes + 1))
+else
+  echo "FAIL: --seed 010: $a, --seed 10: $b, --seed 8: $c"
+  fails=$((fails + 1))
+fi
+rm -f "$dir"/a* "$dir"/b* "$dir"/c*
 # The thread count on one CPU (taskset -c 0): the default is the CPUs this process may run
 # on; OMP_NUM_THREADS stands in for --threads, which wins over it; more threads than CPUs run,
 # with one warning line. expect_threads "what" THREADS WARNING [VAR=value ...] -- [args...]

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -377,6 +378,24 @@ int export_model(const ExportArgs& a) {
   return 0;
 }
 
+// A whole decimal number, given back in canonical form: CLI11 2.1 reads integers in base 0
+// (--seed 010 was seed 8, 0x10 seed 16) and saturates what does not fit in 64 bits
+// (--seed 99999999999999999999 trained seed 9223372036854775807), each without a word.
+const CLI::Validator kDecimal(
+    [](std::string& s) -> std::string {
+      const char *b = s.data() + (s.size() > 1 && s[0] == '+'), *e = s.data() + s.size();
+      int64_t v = 0;
+      const auto [p, ec] = std::from_chars(b, e, v);
+      if (ec == std::errc::result_out_of_range) return "Value " + s + " is too large";
+      if (ec != std::errc() || p != e) return "Value " + s + " is not a whole decimal number";
+      s = std::to_string(v);
+      return {};
+    },
+    "");
+// A path that is not empty (an empty --output trained the whole run, then failed to save)
+const CLI::Validator kPath(
+    [](std::string& s) -> std::string { return s.empty() ? "empty; give a path" : ""; }, "");
+
 }  // namespace
 }  // namespace tq
 
@@ -389,43 +408,59 @@ int main(int argc, char** argv) {
   CLI::App* tr = app.add_subcommand("train", "train on the walkthrough's fixed batch with SGD");
   tr->add_option("--backend", a.backend, "cpu, or cuda (an NVIDIA GPU, sm_80 and newer)")
       ->capture_default_str();
-  tr->add_option("--device", a.device, "GPU index for --backend cuda")->capture_default_str();
+  tr->add_option("--device", a.device, "GPU index for --backend cuda")
+      ->transform(kDecimal)
+      ->capture_default_str();
   CLI::Option* preset_opt =
       tr->add_option("--preset", a.preset,
                      "debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B (with --init-from: inferred)")
           ->capture_default_str();
-  tr->add_option("--seq-len", a.seq_len, "tokens per sequence (T)")->capture_default_str();
+  tr->add_option("--seq-len", a.seq_len, "tokens per sequence (T)")
+      ->transform(kDecimal)
+      ->capture_default_str();
   tr->add_option("--batch-size", a.batch_size, "sequences per step (B); repeats the fixed batch")
+      ->transform(kDecimal)
       ->capture_default_str();
   tr->add_option("--seed", a.seed, "torch.manual_seed for the initialization")
+      ->transform(kDecimal)
       ->capture_default_str();
-  tr->add_option("--steps", a.steps, "SGD steps")->capture_default_str();
+  tr->add_option("--steps", a.steps, "SGD steps")->transform(kDecimal)->capture_default_str();
   tr->add_option("--learning-rate", a.lr, "SGD learning rate")->capture_default_str();
   tr->add_option("--dtype", a.dtype, "parameter dtype: bfloat16 or float32")->capture_default_str();
   tr->add_option("--threads", a.threads,
                  "CPU threads (default: OMP_NUM_THREADS, else the CPUs this process may run on)")
-      ->check(CLI::Range(1, 4096));
+      ->transform(kDecimal)
+      ->check(CLI::Range(1, 4096).description(""));
   tr->add_flag("--profile", a.profile, "time every kernel and print where a step's time goes");
-  tr->add_option("--output", a.output, "checkpoint path (.pt)")->required();
+  tr->add_option("--output", a.output, "checkpoint path (.pt)")->required()->check(kPath);
   tr->add_option("--init-from", a.init_from,
                  "start from these weights instead of the seed: a .pt checkpoint or state dict, "
-                 "a .safetensors file or a Hugging Face folder");
+                 "a .safetensors file or a Hugging Face folder")
+      ->check(kPath);
   tr->add_option("--dump-first-step", a.dump_first_step,
-                 "also save initial params, first-step grads and loss (.pt) for parity tests");
+                 "also save initial params, first-step grads and loss (.pt) for parity tests")
+      ->check(kPath);
   CheckArgs ca;
   CLI::App* ck = app.add_subcommand("check", "evaluate a model file in fp32 on the fixed batch");
-  ck->add_option("checkpoint", ca.path, "a .pt, .safetensors or Hugging Face folder")->required();
+  ck->add_option("checkpoint", ca.path, "a .pt, .safetensors or Hugging Face folder")
+      ->required()
+      ->check(kPath);
   ck->add_option("--threads", ca.threads,
                  "CPU threads (default: OMP_NUM_THREADS, else the CPUs this process may run on)")
-      ->check(CLI::Range(1, 4096));
+      ->transform(kDecimal)
+      ->check(CLI::Range(1, 4096).description(""));
   ck->add_option("--seq-len", ca.seq_len,
-                 "tokens to evaluate (default: the recorded seq_len, or 32)");
-  ck->add_option("--save-logits", ca.save_logits, "also write the logits [T, V] (.safetensors)");
+                 "tokens to evaluate (default: the recorded seq_len, or 32)")
+      ->transform(kDecimal);
+  ck->add_option("--save-logits", ca.save_logits, "also write the logits [T, V] (.safetensors)")
+      ->check(kPath);
   ExportArgs ea;
   CLI::App* ex = app.add_subcommand("export", "write a model file for other tools");
-  ex->add_option("checkpoint", ea.path, "a .pt, .safetensors or Hugging Face folder")->required();
+  ex->add_option("checkpoint", ea.path, "a .pt, .safetensors or Hugging Face folder")
+      ->required()
+      ->check(kPath);
   ex->add_option("--format", ea.format, "hf (Hugging Face folder) or pt (state dict)")->required();
-  ex->add_option("--out", ea.out, "output folder (hf) or file (pt)")->required();
+  ex->add_option("--out", ea.out, "output folder (hf) or file (pt)")->required()->check(kPath);
   ex->add_option("--dtype", ea.dtype, "bfloat16 or float32 (default: the source's)");
   ex->add_option("--preset", ea.preset,
                  "check the weights against this preset (default: inferred)");
