@@ -1,7 +1,9 @@
 // .pt writer and reader: exact bytes for the spec's example, round trips, and hostile files.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -23,6 +25,58 @@ std::string read_all(const std::string& path) {
 }
 void write_all(const std::string& path, const std::string& data) {
   std::ofstream(path, std::ios::binary).write(data.data(), std::streamsize(data.size()));
+}
+
+bool exists(const std::string& path) {
+  return access(path.c_str(), F_OK) == 0;
+}
+
+// A child writes a file through AtomicFile and stops mid-write; the parent sees the
+// temporary, then signals the child: the handler must remove it and end the child by that
+// signal. A signal ignored from the start (nohup) stays ignored, and the file is completed.
+TEST(AtomicFile, SignalsRemoveTheTemporary) {
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    const std::string path = tmp_path("sig.pt");
+    int ready[2];
+    ASSERT_EQ(pipe(ready), 0);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      remove_temporaries_on_signals();
+      AtomicFile f(path);
+      f.write("partial", 7);
+      (void)!write(ready[1], "x", 1);
+      for (;;) pause();
+    }
+    char c;
+    ASSERT_EQ(read(ready[0], &c, 1), 1);
+    const std::string tmp = path + ".tmp." + std::to_string(child);
+    EXPECT_TRUE(exists(tmp));
+    kill(child, sig);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << "signal " << sig;
+    EXPECT_FALSE(exists(tmp)) << "signal " << sig;
+    EXPECT_FALSE(exists(path));
+    close(ready[0]), close(ready[1]);
+  }
+  const std::string path = tmp_path("nohup.pt");
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::signal(SIGHUP, SIG_IGN);
+    remove_temporaries_on_signals();
+    AtomicFile f(path);
+    f.write("whole", 5);
+    raise(SIGHUP);
+    f.commit();
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(read_all(path), "whole");
+  std::remove(path.c_str());
 }
 
 TEST(Pickle, SpecWorkedExampleIsByteExact) {

@@ -21,6 +21,7 @@
 #include "cuda/ops.h"
 #include "io/checkpoint.h"
 #include "io/export.h"
+#include "io/file.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/init.h"
@@ -402,6 +403,7 @@ const CLI::Validator kPath(
 int main(int argc, char** argv) {
   using namespace tq;
   std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit then fails the write with a message
+  remove_temporaries_on_signals();
   CLI::App app{"tiny-qwen3: train TorchTitan's Qwen3 in C++; check, import and export its weights"};
   app.require_subcommand(1);
   TrainArgs a;

@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 
 #include "core/common.h"
@@ -35,16 +37,61 @@ MappedFile::~MappedFile() {
   if (data_) munmap(const_cast<uint8_t*>(data_), size_);
 }
 
+// The open temporaries, read by a signal handler: fixed C strings, each published by its flag
+// (set after the name is written, cleared once the file is renamed or removed).
+namespace {
+struct Temporary {
+  std::atomic<bool> used{false};
+  char path[4096];
+};
+constexpr int kTemporaries = 8;
+Temporary g_temps[kTemporaries];
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+int list_temporary(const std::string& tmp) {  // (files are written from one thread)
+  if (tmp.size() >= sizeof g_temps[0].path) return -1;
+  for (int i = 0; i < kTemporaries; ++i)
+    if (!g_temps[i].used.load()) {
+      std::memcpy(g_temps[i].path, tmp.c_str(), tmp.size() + 1);
+      g_temps[i].used.store(true);
+      return i;
+    }
+  return -1;  // not listed: a signal would leave this one behind
+}
+void unlist_temporary(int slot) {
+  if (slot >= 0) g_temps[slot].used.store(false);
+}
+void on_signal(int sig) {
+  remove_temporaries();
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+}  // namespace
+
+void remove_temporaries() {
+  for (Temporary& t : g_temps)
+    if (t.used.load()) ::unlink(t.path);
+}
+void remove_temporaries_on_signals() {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction now;  // a signal ignored from the start stays so (nohup, `cmd &`)
+    if (sigaction(sig, nullptr, &now) == 0 && now.sa_handler != SIG_IGN)
+      std::signal(sig, on_signal);
+  }
+}
+
 AtomicFile::AtomicFile(const std::string& path)
     : path_(path), tmp_(path + ".tmp." + std::to_string(getpid())) {
   f_ = std::fopen(tmp_.c_str(), "wb");
   if (!f_) throw Error("cannot create " + tmp_ + ": " + std::strerror(errno));
+  slot_ = list_temporary(tmp_);
 }
 AtomicFile::~AtomicFile() {
   if (f_) {
     std::fclose(f_);
     std::remove(tmp_.c_str());
   }
+  unlist_temporary(slot_);
 }
 void AtomicFile::write(const void* p, size_t n) {
   if (n && std::fwrite(p, 1, n, f_) != n)
@@ -61,6 +108,8 @@ void AtomicFile::commit() {
     std::remove(tmp_.c_str());
     throw Error("cannot rename " + tmp_ + " to " + path_ + ": " + why);
   }
+  unlist_temporary(slot_);
+  slot_ = -1;
   const size_t slash = path_.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);

@@ -24,6 +24,7 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// While open, the temporary's name is also listed for remove_temporaries().
 class AtomicFile {
  public:
   explicit AtomicFile(const std::string& path);  // opens path + ".tmp.<pid>"
@@ -36,6 +37,13 @@ class AtomicFile {
   std::string path_, tmp_;
   FILE* f_ = nullptr;
   uint64_t offset_ = 0;
+  int slot_ = -1;  // in the list of temporaries, or -1
 };
+
+// Removes every AtomicFile temporary this process has open; async-signal-safe.
+void remove_temporaries();
+// SIGINT, SIGTERM and SIGHUP then remove the temporaries and end the process as the signal
+// would have (an interrupted save of an 8 GB checkpoint left 8 GB under NAME.tmp.PID).
+void remove_temporaries_on_signals();
 
 }  // namespace tq
