@@ -15,6 +15,7 @@
 #include "core/common.h"
 #include "cpu/gemm.h"
 #include "cpu/layers.h"
+#include "model/ops.h"
 #include "testing.h"
 
 namespace tq {
@@ -353,6 +354,52 @@ TEST(Gemm, Bf16StoresAreTheRoundedProducts) {
           }
           omp_set_num_threads(cpu::threads());
         }
+  }
+}
+
+// The fused bf16 SGD step is the model's unfused one (the sum rounded into a bf16 gradient,
+// then sgd_update_bf16) bit for bit, with NaNs, infinities, the largest bf16, zeros of both
+// signs and subnormals in the operands and the weights (sums that overflow, inf - inf): the
+// AVX-512 epilogue rounds without a NaN case (gemm_avx512.cpp). A NaN must stay a NaN; its
+// sign and payload are not compared (where two NaNs meet, x86 keeps the first operand's, and
+// the compiler may order the operands of a sum either way).
+TEST(Gemm, SgdStepKeepsNonFiniteValuesAsTheUnfusedStep) {
+  const uint16_t special[] = {0x7fc0, 0xffc0, 0x7fa0, 0x7f80, 0xff80, 0x7f7f,
+                              0xff7f, 0x0001, 0x8001, 0x8000, 0x0000};
+  FOR_EACH_SET(set) {
+    uint32_t seed = 900;
+    for (int64_t K : {5, 32, 64})  // (one k block: the same order of sums as set->bf16)
+      for (int64_t M : {30, 100}) {
+        const int64_t N = 45;
+        Operand A = make(M, K, Layout::rcontig, true, true, seed++);
+        Operand B = make(N, K, Layout::rcontig, true, true, seed++);
+        std::vector<uint16_t> W(size_t(M * N));
+        const std::vector<double> w0 = test::randn(W.size(), seed++);
+        for (size_t i = 0; i < W.size(); ++i) W[i] = f32_to_bf16(float(w0[i]));
+        uint32_t r = seed++;
+        const auto next = [&r] { return r = r * 1664525u + 1013904223u, r >> 8; };
+        for (auto* v : {&A.h, &B.h})
+          for (int i = 0; i < int(v->size()) / 40; ++i)
+            (*v)[next() % v->size()] = special[next() % std::size(special)];
+        for (int i = 0; i < int(W.size()) / 10; ++i)
+          W[next() % W.size()] = special[next() % std::size(special)];
+        // the unfused step: the fp32 sums, a bf16 gradient, the update
+        std::vector<float> G(W.size());
+        set->bf16(M, N, K, A.view, B.view, G.data(), N, false, 1.0f, cpu::Store::f32);
+        std::vector<uint16_t> g16(W.size()), want = W, got = W;
+        for (size_t i = 0; i < G.size(); ++i) g16[i] = f32_to_bf16(0.0f + G[i]);
+        cpu_ops().sgd_update_bf16(want.data(), g16.data(), int64_t(want.size()), 0.3f);
+        set->bf16_sgd(M, N, K, A.view, B.view, got.data(), N, 0.3f);
+        size_t nonfinite = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          nonfinite += (want[i] & 0x7f80) == 0x7f80;
+          const auto nan = [](uint16_t h) { return (h & 0x7fff) > 0x7f80; };
+          if (nan(want[i]) && nan(got[i])) continue;
+          ASSERT_EQ(got[i], want[i]) << set->name << " M=" << M << " K=" << K << " at " << i / N
+                                     << "," << i % N << ": gradient sum " << G[i];
+        }
+        EXPECT_GT(nonfinite, W.size() / 20) << "the specials reached too few weights";
+      }
   }
 }
 

@@ -196,11 +196,22 @@ void pack_panels(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t 
 
 // ---- micro-kernel: C[mr, nr] (+)= Ap[S][MR] x Bp[S][NR] ----
 
+// round_bf16 without its NaN case, for the SGD step below: each value it rounds is an fp32
+// sum or product of bf16 values (or of their products' sums), so a NaN among them is quiet
+// with its low 16 bits zero, which this rounding leaves as it is (gemm_avx512.cpp; tested
+// with NaNs and infinities against sgd_update_bf16).
+inline __m256 round_bf16_quiet(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i r =
+      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                       _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+  return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(int(0xffff0000u))));
+}
 // The optax bf16 SGD step on one weight vector w given its gradient sum g (fp32):
 // bf16(w + bf16(step * bf16(0 + g))), step = bf16(-lr) -- sgd_update_bf16 in cpu/ops.cpp.
 inline __m256 sgd_bf16(__m256 w, __m256 g, __m256 step) {
-  g = round_bf16(_mm256_add_ps(g, _mm256_setzero_ps()));
-  return round_bf16(_mm256_add_ps(w, round_bf16(_mm256_mul_ps(step, g))));
+  g = round_bf16_quiet(_mm256_add_ps(g, _mm256_setzero_ps()));
+  return round_bf16_quiet(_mm256_add_ps(w, round_bf16_quiet(_mm256_mul_ps(step, g))));
 }
 
 // Where the micro-kernel's A comes from: packed panels, MR rows in place (fp32 or bf16
