@@ -268,18 +268,12 @@ inline void store_bf16(uint16_t* p, __mmask16 m, __m512 x) {  // x already a bf1
   _mm256_mask_storeu_epi16(p, m,
                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
 }
-// The optax bf16 SGD step on one weight vector w given its gradient sum g (fp32):
-// bf16(w + bf16(step * bf16(0 + g))), step = bf16(-lr) -- sgd_update_bf16 in cpu/ops.cpp.
-inline __m512 sgd_bf16(__m512 w, __m512 g, __m512 step) {
-  g = round_bf16(_mm512_add_ps(g, _mm512_setzero_ps()));
-  return round_bf16(_mm512_add_ps(w, round_bf16(_mm512_mul_ps(step, g))));
-}
-
-// The same step on a row of up to 32 weights (sgd_row), by the roundings below without round_bf16's
-// NaN case: each rounds an fp32 sum or product of bf16 values (or of their products' sums), so a
-// NaN there is quiet with its low 16 bits zero, which the plain rounding leaves as it is (tested
-// with NaNs and infinities against sgd_update_bf16). ~40 % fewer instructions than sgd_bf16: at
-// W1's 32 tokens this epilogue was half of the SGD products' time.
+// The optax bf16 SGD step, bf16(w + bf16(step * bf16(0 + g))) with step = bf16(-lr)
+// (sgd_update_bf16 in cpu/ops.cpp), for a row of up to 32 weights (sgd_row). Its roundings
+// have no NaN case: each rounds an fp32 sum or product of bf16 values (or of their products'
+// sums), so a NaN there is quiet with its low 16 bits zero, which the plain rounding leaves as
+// it is (tested with NaNs and infinities against sgd_update_bf16). Against round_bf16 in each,
+// ~40 % fewer instructions: at W1's 32 tokens the step was half of the SGD products' time.
 inline __m512i rne_biased(__m512i u) {  // u + 0x7fff + bit 16 of u: high half bf16(u), RNE
   const __m512i t = _mm512_add_epi32(u, _mm512_set1_epi32(0x7fff));
   return _mm512_mask_add_epi32(t, _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x10000)), t,
@@ -290,12 +284,10 @@ inline __m512 round_bf16_quiet(__m512 x) {
       _mm512_and_si512(rne_biased(_mm512_castps_si512(x)), _mm512_set1_epi32(int(0xffff0000u))));
 }
 // Row r (32 weights at wr, the first nr in mask m) from its sums g0 (weights 0-15), g1
-// (16-31); ix: the word indices of sgd_index.
-inline void sgd_row(uint16_t* wr, __mmask32 m, __m512 g0, __m512 g1, __m512 step,
-                    const __m512i* ix) {
-  const __m512i w = _mm512_maskz_loadu_epi16(m, wr), zero = _mm512_setzero_si512();
-  const __m512 w0 = _mm512_castsi512_ps(_mm512_permutex2var_epi16(zero, ix[0], w)),
-               w1 = _mm512_castsi512_ps(_mm512_permutex2var_epi16(zero, ix[1], w));
+// (16-31). Stored as one vector, the high halves of the two results picked by `halves`
+// (_mm512_permutex2var_epi16 indices; measured faster than two narrowing stores).
+inline void sgd_row(uint16_t* wr, __mmask32 m, __m512 g0, __m512 g1, __m512 step, __m512i halves) {
+  const __m512 w0 = load_bf16(wr, __mmask16(m)), w1 = load_bf16(wr + 16, __mmask16(m >> 16));
   // bf16(w + bf16(step * bf16(0 + g)))
   const __m512 t0 = round_bf16_quiet(
       _mm512_mul_ps(step, round_bf16_quiet(_mm512_add_ps(g0, _mm512_setzero_ps()))));
@@ -303,18 +295,11 @@ inline void sgd_row(uint16_t* wr, __mmask32 m, __m512 g0, __m512 g1, __m512 step
       _mm512_mul_ps(step, round_bf16_quiet(_mm512_add_ps(g1, _mm512_setzero_ps()))));
   const __m512i n0 = rne_biased(_mm512_castps_si512(_mm512_add_ps(w0, t0))),
                 n1 = rne_biased(_mm512_castps_si512(_mm512_add_ps(w1, t1)));
-  _mm512_mask_storeu_epi16(wr, m, _mm512_permutex2var_epi16(n0, ix[2], n1));
+  _mm512_mask_storeu_epi16(wr, m, _mm512_permutex2var_epi16(n0, halves, n1));
 }
-// Word indices for _mm512_permutex2var_epi16 (32 and up: its second operand): a row's weights
-// 0-15 or 16-31 as the high halves of 16 words, the low halves 0; and the high halves of two
-// such vectors as the row again.
-alignas(64) constexpr uint16_t sgd_index[3][32] = {
-    {0, 32, 0, 33, 0, 34, 0, 35, 0, 36, 0, 37, 0, 38, 0, 39,
-     0, 40, 0, 41, 0, 42, 0, 43, 0, 44, 0, 45, 0, 46, 0, 47},
-    {0, 48, 0, 49, 0, 50, 0, 51, 0, 52, 0, 53, 0, 54, 0, 55,
-     0, 56, 0, 57, 0, 58, 0, 59, 0, 60, 0, 61, 0, 62, 0, 63},
-    {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
-     33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63}};
+alignas(64) constexpr uint16_t sgd_halves[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21,
+                                                 23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
+                                                 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
 
 // Where the micro-kernel's A comes from: packed panels; MR rows in place (slot s of row r is
 // word s of A + r * lda: an fp32 element, or a bf16 pair; rows past mr read row 0 and their
@@ -378,13 +363,13 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
     }
   }
   if constexpr (SGD16) {
-    const __m512i ix[3] = {_mm512_load_si512(sgd_index[0]), _mm512_load_si512(sgd_index[1]),
-                           _mm512_load_si512(sgd_index[2])};
+    const __m512i halves = _mm512_load_si512(sgd_halves);
     const __mmask32 m = nr >= 32 ? ~__mmask32(0) : (__mmask32(1) << nr) - 1;
 #pragma GCC unroll 12
     for (int r = 0; r < MR; ++r) {
       if (r >= mr) break;
-      sgd_row(reinterpret_cast<uint16_t*>(C) + r * ldc, m, c0[r], c1[r], _mm512_set1_ps(alpha), ix);
+      sgd_row(reinterpret_cast<uint16_t*>(C) + r * ldc, m, c0[r], c1[r], _mm512_set1_ps(alpha),
+              halves);
     }
     return;
   }
