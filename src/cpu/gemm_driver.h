@@ -503,7 +503,12 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
         }
       }
     };
-    const bool stream = m1 - m0 <= MC;  // one block of rows: B packed panel by panel
+    // One block of rows: B packed panel by panel as its tiles need it, the next panel fetched
+    // meanwhile. Not for bf16 slots from B's rows contiguous (dx = dout W of bf16 runs at
+    // W1's 32 tokens): a panel is then 64 bytes of each of W's k rows, 0.5-6 KiB apart, and
+    // packing it waited on them in turn (twice as long as with W in cache). Such a block is
+    // packed first by pack_panels, each k row read whole: W1 bf16 dx -20 to -24 %.
+    const bool stream = m1 - m0 <= MC && (SL == Slot::f32 || B.rs != 1);
     // fp32 split sums over at most two blocks of rows (the SGD products of wo and w2: 256
     // rows, B the 16-24 MiB x): the first block packs B as it goes. W2 fp32 wo, w2 SGD
     // products -5 to -9 %; no gain measured where more blocks of rows share the packed B
