@@ -177,7 +177,7 @@ TEST_P(CheckpointRoundTrip, SavesAndLoadsEveryParameterExactly) {
   rec.initial_loss = 7.5, rec.final_loss = 6.25, rec.losses = {7.5, 7.0};
   const std::string path = tmp_path("rt.pt");
   save_checkpoint(path, c, arena_reader(w.data()), dtype, rec);
-  EXPECT_NE(access((path + ".tmp." + std::to_string(getpid())).c_str(), F_OK), 0);
+  EXPECT_FALSE(exists(path + ".tmp." + std::to_string(getpid())));
   const Checkpoint ck = load_checkpoint(path);
   EXPECT_EQ(ck.preset, "debugmodel");
   EXPECT_EQ(ck.dtype, dtype);

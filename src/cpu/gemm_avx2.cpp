@@ -22,14 +22,16 @@ inline __m256i lanes_below(int64_t n) {  // all-ones in lanes 0..n-1
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+inline __m256i rne_biased(__m256i u) {  // u + 0x7fff + bit 16 of u: high half bf16(u), RNE
+  return _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                          _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+}
 // fp32 bits rounded to the nearest bf16 (ties even; NaN stays NaN), as core/common.h does.
 inline __m256i round_bits(__m256i u) {
-  const __m256i bias = _mm256_add_epi32(
-      _mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
   const __m256 x = _mm256_castsi256_ps(u);
   const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  const __m256i r = _mm256_blendv_epi8(_mm256_add_epi32(u, bias),
-                                       _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
+  const __m256i r =
+      _mm256_blendv_epi8(rne_biased(u), _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
   return _mm256_and_si256(r, _mm256_set1_epi32(int(0xffff0000u)));
 }
 inline __m256 round_bf16(__m256 x) {
@@ -201,11 +203,8 @@ void pack_panels(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t 
 // with its low 16 bits zero, which this rounding leaves as it is (gemm_avx512.cpp; tested
 // with NaNs and infinities against sgd_update_bf16).
 inline __m256 round_bf16_quiet(__m256 x) {
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i r =
-      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
-                       _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
-  return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(int(0xffff0000u))));
+  return _mm256_castsi256_ps(
+      _mm256_and_si256(rne_biased(_mm256_castps_si256(x)), _mm256_set1_epi32(int(0xffff0000u))));
 }
 // The optax bf16 SGD step on one weight vector w given its gradient sum g (fp32):
 // bf16(w + bf16(step * bf16(0 + g))), step = bf16(-lr) -- sgd_update_bf16 in cpu/ops.cpp.
