@@ -71,6 +71,14 @@ expect_error "legacy checkpoint" check "$dir/legacy.bin"
 "$bin" train --steps 1 --dtype float32 --output "$dir/real.ckpt" >/dev/null 2>&1 || { echo "FAIL: could not train"; exit 1; }
 head -c 1000000 "$dir/real.ckpt" >"$dir/trunc.bin"
 expect_error "truncated checkpoint" check "$dir/trunc.bin"
+# one bit flipped in a weight halfway through the file: caught by the record's CRC-32
+cp "$dir/real.ckpt" "$dir/flip.bin"
+half=$(($(stat -c %s "$dir/flip.bin") / 2))
+byte=$(od -An -tu1 -j "$half" -N1 "$dir/flip.bin" | tr -d ' ')
+printf "\\$(printf %03o $((byte ^ 16)))" | dd of="$dir/flip.bin" bs=1 seek="$half" conv=notrunc status=none
+expect_error "checkpoint with a flipped bit" check "$dir/flip.bin"
+grep -q "fails its CRC-32 check" "$dir/err" || { echo "FAIL: the flipped bit not named a CRC-32 failure"; fails=$((fails + 1)); }
+expect_error "init-from a checkpoint with a flipped bit" train --init-from "$dir/flip.bin" $out
 expect_error "check with seq-len 0" check "$dir/real.ckpt" --seq-len 0
 expect_error "check of an empty path" check ""
 expect_error "check with an empty --save-logits" check "$dir/real.ckpt" --save-logits ""

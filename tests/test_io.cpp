@@ -277,7 +277,7 @@ TEST(PtReader, RejectsForeignTruncatedAndCorruptFiles) {
     for (int k = 0; k < 1 + trial % 4; ++k) m[rng() % m.size()] = char(rng());
     write_all(bad, m);
     try {
-      PtReader r(bad);
+      PtReader r(bad, trial % 2 == 0);  // half past the CRC check, into the parser
       if (const Value* x = r.root->get("x")) r.tensor("x", x, x->tensor.size);
     } catch (const Error&) {
     }
@@ -285,6 +285,77 @@ TEST(PtReader, RejectsForeignTruncatedAndCorruptFiles) {
   std::remove(small.c_str());
   std::remove(good.c_str());
   std::remove(bad.c_str());
+}
+
+uint32_t get32(const std::string& b, size_t at) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | uint8_t(b[at + i]);
+  return v;
+}
+// The CRC-32 fields of every record (central directory and local header) set to 0, as torch
+// 2.x writes them under torch.serialization.set_crc32_options(False).
+std::string without_crcs(std::string b) {
+  size_t eocd = b.rfind(std::string("PK\x05\x06", 4));
+  EXPECT_NE(eocd, std::string::npos);
+  const size_t count = get32(b, eocd + 10) & 0xffff;
+  size_t p = get32(b, eocd + 16);
+  for (size_t i = 0; i < count; ++i) {
+    EXPECT_EQ(get32(b, p), 0x02014b50u);
+    const size_t local = get32(b, p + 42);
+    b.replace(p + 16, 4, 4, '\0');
+    b.replace(local + 14, 4, 4, '\0');
+    p += 46 + (get32(b, p + 28) & 0xffff) + (get32(b, p + 30) & 0xffff) +
+         (get32(b, p + 32) & 0xffff);
+  }
+  return b;
+}
+
+TEST(PtReader, ChecksEveryRecordAgainstItsCrc) {
+  // 9M floats: a 36 MB record, summed in two pieces and combined
+  constexpr int64_t n = 9'000'000;
+  TensorRef none;
+  const std::string path = one_tensor_file("crc.pt", n, none, false);
+  const std::string good = read_all(path);
+  {
+    PtReader r(path);
+    const std::vector<float> x = r.tensor("x", r.root->get("x"), {n});
+    EXPECT_EQ(x[n - 1], float(n - 1));
+  }
+  ZipEntry data, pe;
+  {
+    PtReader r(path);
+    data = r.zip.entry("archive/data/0"), pe = r.zip.entry("archive/data.pkl");
+  }
+  const auto rejected = [&](const std::string& bytes, const std::string& record) {
+    write_all(path, bytes);
+    try {
+      PtReader r(path);
+      ADD_FAILURE() << "corrupt " << record << " accepted";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("record " + record + " fails its CRC-32 check"), std::string::npos) << m;
+    }
+  };
+  for (uint64_t at : {data.offset, data.offset + data.size / 2, data.offset + data.size - 1}) {
+    std::string b = good;
+    b[at] = char(b[at] ^ 0x10);  // one bit of one float, in each piece
+    rejected(b, "archive/data/0");
+    // the same damage where no CRC was recorded loads (nothing to check it against) ...
+    write_all(path, without_crcs(b));
+    EXPECT_NO_THROW(PtReader r(path));
+    // ... as it does with the check turned off
+    write_all(path, b);
+    EXPECT_NO_THROW(PtReader r(path, false));
+  }
+  std::string pkl = good;
+  pkl[pe.offset + pe.size / 2] = char(pkl[pe.offset + pe.size / 2] ^ 1);
+  rejected(pkl, "archive/data.pkl");
+  write_all(path, without_crcs(good));
+  {
+    PtReader r(path);
+    EXPECT_EQ(r.tensor("x", r.root->get("x"), {n})[12345], 12345.0f);
+  }
+  std::remove(path.c_str());
 }
 
 TEST(Checkpoint, RejectsMismatchedStateDicts) {

@@ -162,7 +162,7 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
-PtReader::PtReader(const std::string& path) : file(path), zip(check_magic(file)) {
+PtReader::PtReader(const std::string& path, bool verify_crcs) : file(path), zip(check_magic(file)) {
   const auto& names = zip.names();
   if (names.empty()) throw Error(path + ": empty zip archive, not a PyTorch checkpoint");
   const size_t slash = names[0].find('/');
@@ -174,6 +174,7 @@ PtReader::PtReader(const std::string& path) : file(path), zip(check_magic(file))
       throw Error(path + ": entry " + n + " is outside " + prefix + "; not a PyTorch checkpoint");
   if (zip.has(prefix + "constants.pkl"))
     throw Error(path + ": a TorchScript archive, not a torch.save checkpoint");
+  if (verify_crcs) zip.verify_crcs();
   const std::string ver = zip.has(prefix + ".data/version") ? ".data/version" : "version";
   const ZipEntry& ve = zip.entry(prefix + ver);
   const std::string v(reinterpret_cast<const char*>(zip.data(ve)), ve.size);

@@ -82,7 +82,9 @@ std::string shape_str(const std::vector<int64_t>& shape);  // "[2048, 256]"
 // Any torch.save zip file: validated container, unpickled root, bounds-checked tensors.
 class PtReader {
  public:
-  explicit PtReader(const std::string& path);  // Error naming what is wrong
+  // Error naming what is wrong; verify_crcs: every record against its CRC-32 first (off: the
+  // parser's own checks alone, for tests that fuzz it)
+  explicit PtReader(const std::string& path, bool verify_crcs = true);
   // Dense fp32 copy of tensor value v (named `name` in messages), which must have `shape`.
   std::vector<float> tensor(const std::string& name, const Value* v,
                             const std::vector<int64_t>& shape) const;

@@ -3,6 +3,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "core/common.h"
 
@@ -153,10 +154,44 @@ ZipReader::ZipReader(const MappedFile& f) : file_(f) {
     const uint64_t data = loff + 30 + rd(d + loff + 26, 2) + rd(d + loff + 28, 2);
     if (data > size || size - data < usize)
       throw Error(where + "entry " + name + " runs past the end of the file (truncated?)");
-    if (!entries_.emplace(name, ZipEntry{data, usize}).second)
+    const uint32_t crc = uint32_t(rd(d + p + 16, 4));
+    if (!entries_.emplace(name, ZipEntry{data, usize, crc}).second)
       throw Error(where + "duplicate zip entry " + name);
     order_.push_back(name);
     p += 46 + nlen + xlen + clen;
+  }
+}
+
+void ZipReader::verify_crcs() const {
+  // in pieces of at most 32 MiB, summed on every thread, then combined record by record
+  constexpr uint64_t kPiece = 32u << 20;
+  struct Piece {
+    const std::string* name;
+    const ZipEntry* e;
+    uint64_t off, n;
+  };
+  std::vector<Piece> pieces;
+  for (const std::string& name : order_) {
+    const ZipEntry& e = entries_.at(name);
+    if (e.crc == 0) continue;
+    for (uint64_t off = 0; off == 0 || off < e.size; off += kPiece)
+      pieces.push_back({&name, &e, off, std::min(kPiece, e.size - off)});
+  }
+  std::vector<uint32_t> crc(pieces.size());
+#pragma omp parallel for schedule(dynamic)
+  for (size_t i = 0; i < pieces.size(); ++i)
+    crc[i] = crc32_of(data(*pieces[i].e) + pieces[i].off, pieces[i].n);
+  for (size_t i = 0; i < pieces.size();) {
+    const ZipEntry& e = *pieces[i].e;
+    const std::string& name = *pieces[i].name;
+    uLong sum = crc[i++];
+    for (; i < pieces.size() && pieces[i].e == &e; ++i)
+      sum = crc32_combine64(sum, crc[i], z_off64_t(pieces[i].n));
+    if (uint32_t(sum) == e.crc) continue;
+    char hex[64];
+    std::snprintf(hex, sizeof hex, "(recorded %08x, data %08x)", e.crc, unsigned(uint32_t(sum)));
+    throw Error(file_.path() + ": record " + name + " fails its CRC-32 check " + hex +
+                ": the file is corrupt (a damaged copy or disk); copy or save it again");
   }
 }
 

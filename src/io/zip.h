@@ -29,6 +29,7 @@ class ZipWriter {
 struct ZipEntry {
   uint64_t offset;  // of the first data byte in the file
   uint64_t size;
+  uint32_t crc;  // CRC-32 from the central directory (0: not recorded)
 };
 
 // Parses the central directory of a mapped file; every entry is bounds-checked.
@@ -39,6 +40,11 @@ class ZipReader {
   bool has(const std::string& name) const { return entries_.count(name) != 0; }
   const ZipEntry& entry(const std::string& name) const;  // Error if absent
   const uint8_t* data(const ZipEntry& e) const { return file_.data() + e.offset; }
+  // Every record's data against its CRC-32 (Error naming the first that differs). torch never
+  // checks them (its miniz is built without reader CRC checks): a flipped bit in a weight would
+  // load as a wrong weight. A stored 0 counts as not recorded: torch 2.x writes 0 under
+  // torch.serialization.set_crc32_options(False).
+  void verify_crcs() const;
 
  private:
   const MappedFile& file_;
