@@ -87,6 +87,11 @@ for k, v in sd.items():
         fused[pre + "wqkv.weight"] = torch.cat([q, kk, vv], 1).reshape(-1, q.shape[-1]).clone()
     else:
         fused["output.weight" if k == "lm_head.weight" else k] = v
+if TORCH2 and hasattr(torch.serialization, "set_crc32_options"):
+    torch.serialization.set_crc32_options(False)  # every record's CRC-32 left at 0
+    torch.save(sd, path("titan_nocrc.pt"))
+    torch.serialization.set_crc32_options(True)
+    variants["torch.save'd state dict without CRC-32s (set_crc32_options(False))"] = path("titan_nocrc.pt")
 torch.save({"model": fused}, path("titan_fused.pt"))
 variants["TorchTitan state dict with fused wqkv and output.weight"] = path("titan_fused.pt")
 hf_sd = {}
@@ -119,6 +124,14 @@ for what, file in variants.items():
     H.check(f"--init-from {what}: first-step loss matches PyTorch within 1e-5, second within 1e-4",
           ok and d1 < 1e-5 and d2 < 1e-4,
           f"{ours[0]:.7f} vs {torch_losses[0]:.7f}, {ours[1]:.7f} vs {torch_losses[1]:.7f}")
+with open(path("titan_split.pt"), "rb") as f:
+    damaged = bytearray(f.read())
+damaged[len(damaged) // 2] ^= 0x10  # one bit of one weight
+with open(path("damaged.pt"), "wb") as f:
+    f.write(damaged)
+p = run("train", "--init-from", path("damaged.pt"), "--steps", "1", "--output", path("x.pt"), expect_rc=2)
+H.check("--init-from a torch.save'd file with one bit flipped fails its record's CRC-32 check",
+      p.returncode == 2 and "fails its CRC-32 check" in p.stderr, p.stderr.strip())
 p = run("train", "--init-from", path("titan_split.pt"), "--preset", "0.6B", "--steps", "1", "--output", path("x.pt"),
         expect_rc=2)
 H.check("--init-from with the wrong --preset names the key and both shapes",
