@@ -20,7 +20,11 @@ static void normal_fill_16(float* data, float std) {
 
 void TorchRng::normal(float* out, size_t n, float std) {
   for (size_t i = 0; i < n; ++i) out[i] = uniform();
-  for (size_t i = 0; i + 16 <= n; i += 16) normal_fill_16(out + i, std);
+  // The draws are one stream; the transforms, each on its own 16 values, are most of the
+  // time (libm's log, sin and cos): on every thread, the same values.
+  const int64_t chunks = int64_t(n / 16);
+#pragma omp parallel for schedule(static) if (chunks > 4096)
+  for (int64_t i = 0; i < chunks; ++i) normal_fill_16(out + 16 * i, std);
   if (n % 16 != 0) {  // torch redraws the last 16 values
     float* tail = out + n - 16;
     for (int i = 0; i < 16; ++i) tail[i] = uniform();
