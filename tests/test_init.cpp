@@ -3,10 +3,41 @@
 // PyTorch in tests/torch/test_parity.py.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <random>
+#include <vector>
+
 #include "model/init.h"
 
 namespace tq {
 namespace {
+
+// The block generator against std::mt19937: single draws, fills and discards of every
+// length around the 624-word blocks, several seeds.
+TEST(Mt19937, MatchesStdMt19937) {
+  for (uint32_t seed : {0u, 1u, 1234u, 0xffffffffu}) {
+    Mt19937 fast(seed);
+    std::mt19937 ref(seed);
+    std::vector<uint32_t> buf(3000);
+    std::mt19937 lengths(seed + 7);
+    for (int round = 0; round < 400; ++round) {
+      const size_t n = lengths() % (round % 3 == 2 ? 3000 : 700);
+      if (round % 3 == 0) {
+        fast.fill(buf.data(), n);
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(buf[i], ref()) << seed << " fill " << round;
+      } else if (round % 3 == 1) {
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(fast.next(), ref()) << seed << " next " << round;
+      } else {
+        fast.discard(n);
+        ref.discard(n);
+        ASSERT_EQ(fast.next(), ref()) << seed << " discard " << round;
+      }
+    }
+    fast.discard(10'000'019);
+    ref.discard(10'000'019);
+    EXPECT_EQ(fast.next(), ref());
+  }
+}
 
 TEST(TorchRng, UniformMatchesTorch) {
   // torch.manual_seed(0); torch.empty(32).normal_(); torch.empty(20).normal_(); then:

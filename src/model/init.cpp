@@ -6,6 +6,46 @@
 
 namespace tq {
 
+Mt19937::Mt19937(uint32_t seed) {
+  mt_[0] = seed;
+  for (uint32_t i = 1; i < kN; ++i) mt_[i] = 1812433253u * (mt_[i - 1] ^ (mt_[i - 1] >> 30)) + i;
+}
+
+void Mt19937::twist() {
+  constexpr size_t M = 397;
+  const auto mix = [](uint32_t hi, uint32_t lo, uint32_t far) {
+    const uint32_t y = (hi & 0x80000000u) | (lo & 0x7fffffffu);
+    return far ^ (y >> 1) ^ ((y & 1u) ? 0x9908b0dfu : 0u);
+  };
+  // word k from words k, k + 1 and k + M (mod kN); the second loop reads words the first
+  // wrote, kN - M = 227 back: far enough apart for vectors
+  uint32_t* x = mt_;
+#pragma omp simd
+  for (size_t k = 0; k < kN - M; ++k) x[k] = mix(x[k], x[k + 1], x[k + M]);
+  for (size_t k = kN - M; k < kN - 1; k += 16) {
+    const size_t e = k + 16 < kN - 1 ? k + 16 : kN - 1;
+#pragma omp simd
+    for (size_t j = k; j < e; ++j) x[j] = mix(x[j], x[j + 1], x[j + M - kN]);
+  }
+  x[kN - 1] = mix(x[kN - 1], x[0], x[M - 1]);
+  i_ = 0;
+}
+
+void Mt19937::fill(uint32_t* out, size_t n) {
+  while (n > 0) {
+    if (i_ == kN) twist();
+    const size_t m = n < kN - i_ ? n : kN - i_;
+#pragma omp simd
+    for (size_t j = 0; j < m; ++j) out[j] = temper(mt_[i_ + j]);
+    i_ += m, out += m, n -= m;
+  }
+}
+
+void Mt19937::discard(uint64_t n) {
+  for (uint64_t left = kN - i_; n > left; n -= left, left = kN) twist();
+  i_ += size_t(n);
+}
+
 // torch's normal_fill_16: Box-Muller on 16 uniforms, cos half first.
 static void normal_fill_16(float* data, float std) {
   for (int j = 0; j < 8; ++j) {
@@ -19,7 +59,13 @@ static void normal_fill_16(float* data, float std) {
 }
 
 void TorchRng::normal(float* out, size_t n, float std) {
-  for (size_t i = 0; i < n; ++i) out[i] = uniform();
+  uint32_t u[1024];  // uniform() of each draw, a block at a time
+  for (size_t i = 0; i < n; i += 1024) {
+    const size_t m = n - i < 1024 ? n - i : 1024;
+    mt_.fill(u, m);
+#pragma omp simd
+    for (size_t j = 0; j < m; ++j) out[i + j] = static_cast<float>(u[j] & 0xFFFFFFu) * 0x1p-24f;
+  }
   // The draws are one stream; the transforms, each on its own 16 values, are most of the
   // time (libm's log, sin and cos): on every thread, the same values.
   const int64_t chunks = int64_t(n / 16);

@@ -3,24 +3,49 @@
 #pragma once
 #include <cstdint>
 #include <functional>
-#include <random>
 
 #include "model/config.h"
 
 namespace tq {
 
+// MT19937, the numbers of std::mt19937, made 624 words at a time by loops the compiler
+// vectorizes (std::mt19937 twists a word per call, and discard() draws each word it skips):
+// the draws were two fifths of initializing a model, all on one thread.
+class Mt19937 {
+ public:
+  explicit Mt19937(uint32_t seed);
+  uint32_t next() {
+    if (i_ == kN) twist();
+    return temper(mt_[i_++]);
+  }
+  void fill(uint32_t* out, size_t n);  // next() n times
+  void discard(uint64_t n);
+
+ private:
+  static constexpr size_t kN = 624;
+  static uint32_t temper(uint32_t y) {
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    return y ^ (y >> 18);
+  }
+  void twist();
+  uint32_t mt_[kN];
+  size_t i_ = kN;
+};
+
 // torch's CPU default generator after torch.manual_seed(seed).
 class TorchRng {
  public:
   explicit TorchRng(uint64_t seed) : mt_(static_cast<uint32_t>(seed)) {}
-  uint32_t next_u32() { return static_cast<uint32_t>(mt_()); }
+  uint32_t next_u32() { return mt_.next(); }
   float uniform() { return static_cast<float>(next_u32() & 0xFFFFFFu) * 0x1p-24f; }
   void skip(uint64_t n_u32) { mt_.discard(n_u32); }
   // tensor.normal_(0, std) on a contiguous fp32 tensor of n >= 16 elements.
   void normal(float* out, size_t n, float std);
 
  private:
-  std::mt19937 mt_;
+  Mt19937 mt_;
 };
 
 // Initializes the parameters as TorchTitan does for a model built on the CPU: constructor
