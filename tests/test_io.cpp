@@ -316,14 +316,11 @@ TEST(PtReader, ChecksEveryRecordAgainstItsCrc) {
   TensorRef none;
   const std::string path = one_tensor_file("crc.pt", n, none, false);
   const std::string good = read_all(path);
+  ZipEntry data, pe;
   {
     PtReader r(path);
     const std::vector<float> x = r.tensor("x", r.root->get("x"), {n});
     EXPECT_EQ(x[n - 1], float(n - 1));
-  }
-  ZipEntry data, pe;
-  {
-    PtReader r(path);
     data = r.zip.entry("archive/data/0"), pe = r.zip.entry("archive/data.pkl");
   }
   const auto rejected = [&](const std::string& bytes, const std::string& record) {

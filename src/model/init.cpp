@@ -64,7 +64,7 @@ void TorchRng::normal(float* out, size_t n, float std) {
     const size_t m = n - i < 1024 ? n - i : 1024;
     mt_.fill(u, m);
 #pragma omp simd
-    for (size_t j = 0; j < m; ++j) out[i + j] = static_cast<float>(u[j] & 0xFFFFFFu) * 0x1p-24f;
+    for (size_t j = 0; j < m; ++j) out[i + j] = uniform_of(u[j]);
   }
   // The draws are one stream; the transforms, each on its own 16 values, are most of the
   // time (libm's log, sin and cos): on every thread, the same values.

@@ -39,12 +39,13 @@ class TorchRng {
  public:
   explicit TorchRng(uint64_t seed) : mt_(static_cast<uint32_t>(seed)) {}
   uint32_t next_u32() { return mt_.next(); }
-  float uniform() { return static_cast<float>(next_u32() & 0xFFFFFFu) * 0x1p-24f; }
+  float uniform() { return uniform_of(next_u32()); }
   void skip(uint64_t n_u32) { mt_.discard(n_u32); }
   // tensor.normal_(0, std) on a contiguous fp32 tensor of n >= 16 elements.
   void normal(float* out, size_t n, float std);
 
  private:
+  static float uniform_of(uint32_t u) { return static_cast<float>(u & 0xFFFFFFu) * 0x1p-24f; }
   Mt19937 mt_;
 };
 
