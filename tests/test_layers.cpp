@@ -417,6 +417,13 @@ TEST(Embedding, GathersAndScatterAddsRepeatedTokens) {
   EXPECT_LT(rel_l2(yf, fwd({E})), 1e-7);
   EXPECT_LT(rel_l2(dEf, dE), 1e-6);
   for (int c = 0; c < C; ++c) EXPECT_DOUBLE_EQ(dE[2 * C + c], 1.0);  // unused token
+  // from a bf16 table: the rows it gathers widened exactly, as the whole table widened gives
+  std::vector<uint16_t> E16(V * C);
+  std::vector<float> Ew(V * C), y16(N * C, NAN), yw(N * C);
+  for (int i = 0; i < V * C; ++i) E16[i] = f32_to_bf16(Ef[i]), Ew[i] = bf16_to_f32(E16[i]);
+  cpu::embedding_forward_bf16(y16.data(), tok.data(), E16.data(), N, C);
+  cpu::embedding_forward(yw.data(), tok.data(), Ew.data(), N, C);
+  EXPECT_EQ(y16, yw);
 }
 
 TEST(QkvSplit, FollowsTheFusedRowLayoutAndRoundTrips) {

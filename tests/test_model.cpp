@@ -261,26 +261,124 @@ TEST(Qwen3, Bf16KeepsParametersAndGradientsInBf16) {
   EXPECT_NEAR(l0, ref::model_loss(c, wr.data(), b), 2e-2);
 }
 
+// A backend table for plans: bare has none of the optional kernels, full has all of them
+// (memory_plan reads only which entries are set, so these hold on any CPU).
+Ops bare_ops() {
+  Ops o = cpu_ops();
+  o.name = "bare";
+  o.embedding_forward_bf16 = nullptr;
+  o.matmul_forward_bf16w = nullptr;
+  o.matmul_backward_bf16w = nullptr;
+  o.matmul_backward_sgd = nullptr;
+  o.matmul_backward_sgd_bf16w = nullptr;
+  o.qk_norm_rope_forward = nullptr;
+  o.qk_norm_rope_backward = nullptr;
+  o.attention_forward_bf16 = nullptr;
+  o.attention_backward_bf16 = nullptr;
+  o.swiglu_forward_bf16 = nullptr;
+  o.swiglu_backward_bf16 = nullptr;
+  return o;
+}
+Ops full_ops() {
+  Ops o = cpu_ops();
+  o.embedding_forward_bf16 = cpu::embedding_forward_bf16;
+  o.matmul_forward_bf16w = cpu::matmul_forward_bf16w;
+  o.matmul_backward_bf16w = cpu::matmul_backward_bf16w;
+  o.matmul_backward_sgd = cpu::matmul_backward_sgd;
+  o.matmul_backward_sgd_bf16w = cpu::matmul_backward_sgd_bf16w;
+  o.qk_norm_rope_forward = cpu::qk_norm_rope_forward;
+  o.qk_norm_rope_backward = cpu::qk_norm_rope_backward;
+  o.attention_forward_bf16 = cpu::attention_forward_bf16;
+  o.attention_backward_bf16 = cpu::attention_backward_bf16;
+  o.swiglu_forward_bf16 = cpu::swiglu_forward_bf16;
+  o.swiglu_backward_bf16 = cpu::swiglu_backward_bf16;
+  return o;
+}
+
 TEST(MemoryPlan, CountsEveryArena) {
-  const MemoryPlan mp = memory_plan(preset("debugmodel"), DType::f32, 1, 32, false);
+  const Config& dm = preset("debugmodel");
+  const Ops bare = bare_ops(), full = full_ops();
+  const MemoryPlan mp = memory_plan(dm, DType::f32, 1, 32, bare, false);
   EXPECT_EQ(mp.params, 31987968u * 4);
   EXPECT_EQ(mp.grads, mp.params);
   EXPECT_GT(mp.activations, 32u * 2048 * 4);  // at least the logits
   EXPECT_LT(mp.activations, 64u << 20);
+  // trained by the step alone, but with no fused step: still every gradient
+  EXPECT_EQ(memory_plan(dm, DType::f32, 1, 32, bare, true).grads, mp.grads);
   // bf16: half the parameter and gradient bytes, plus two fp32 buffers of the largest
   // parameter (w1|w3, 2 x 3072 x 256) for the layers' fp32 views
-  const MemoryPlan mb = memory_plan(preset("debugmodel"), DType::bf16, 1, 32, false);
+  const MemoryPlan mb = memory_plan(dm, DType::bf16, 1, 32, bare, false);
   EXPECT_EQ(mb.params, 31987968u * 2);
   EXPECT_EQ(mb.grads, mb.params);
   EXPECT_EQ(mb.activations, mp.activations);
   EXPECT_EQ(mb.scratch, mp.scratch + 2u * (2 * 3072 * 256) * 4);
   // with activations in bf16 storage: qkv [N, 4096], q and att [N, 2048], k and v [N, 1024],
   // ab [N, 2F] and m [N, F] of each of the 8 layers, and the scratch of their gradients, take
-  // half the bytes
+  // half the bytes; the products take the bf16 weights and the embedding is gathered from
+  // bf16, so the weight view holds only a norm (C = 256 = 2D); a gradient may still be any
+  // parameter's (backward())
   const size_t halved = 4096 + 2 * 2048 + 2 * 1024 + 3 * 3072;  // per token
-  const MemoryPlan mh = memory_plan(preset("debugmodel"), DType::bf16, 1, 32, true);
+  const MemoryPlan mh = memory_plan(dm, DType::bf16, 1, 32, full, false);
+  EXPECT_EQ(mh.grads, mb.grads);
   EXPECT_EQ(mh.activations, mb.activations - 8u * 32 * halved * 2);
-  EXPECT_EQ(mh.scratch, mb.scratch - 32u * halved * 2);
+  EXPECT_EQ(mh.scratch, mp.scratch - 32u * halved * 2 + (256 + 2 * 3072 * 256) * 4);
+  // trained by the fused step alone: gradients of the tied embedding (V x C) and the norms
+  // (attention, feed-forward, q and k of 8 layers, the final one) only, and a gradient buffer
+  // of the embedding's size
+  const size_t unfused = 2048 * 256 + 8 * (256 + 256 + 128 + 128) + 256;
+  EXPECT_EQ(memory_plan(dm, DType::f32, 1, 32, full, true).grads, unfused * 4);
+  const MemoryPlan ms = memory_plan(dm, DType::bf16, 1, 32, full, true);
+  EXPECT_EQ(ms.grads, unfused * 2);
+  EXPECT_EQ(ms.scratch, mp.scratch - 32u * halved * 2 + (256 + 2048 * 256) * 4);
+  // an untied head takes its step in its product too
+  Config untied = dm;
+  untied.tied = false;
+  EXPECT_EQ(memory_plan(untied, DType::bf16, 1, 32, full, true).grads, unfused * 2);
+  EXPECT_EQ(memory_plan(untied, DType::bf16, 1, 32, full, false).grads,
+            (31987968u + 2048 * 256) * 2);
+}
+
+// A model built for the fused step alone (sgd_only) trains to the same bits as one that keeps
+// every gradient, in the memory of the parameters it cannot step inside backward; and refuses
+// what would need the other gradients.
+TEST(Qwen3, SgdOnlyModelTrainsTheSameInLessMemory) {
+  for (DType dt : {DType::f32, DType::bf16})
+    for (bool tied : {true, false})
+      for (const Ops* ops : {&cpu_ops(), static_cast<const Ops*>(nullptr)}) {
+        const Ops bare = bare_ops();
+        const Ops& o = ops ? *ops : bare;
+        const Config c = tiny(tied);
+        const std::vector<float> w = tiny_params(c);
+        const Batch b = fixed_batch(2, 9, c.V);
+        Qwen3 m1(c, dt, 2, 9, o), m2(c, dt, 2, 9, o, true);
+        m1.set_params(w.data());
+        m2.set_params(w.data());
+        std::vector<float> p1(w.size()), p2(w.size());
+        const std::string what =
+            std::string(dtype_name(dt)) + (tied ? " tied " : " untied ") + o.name;
+        for (int s = 0; s < 3; ++s) {
+          ASSERT_EQ(m1.forward(b), m2.forward(b)) << what << " step " << s;
+          m1.backward_sgd(0.3f);
+          m2.backward_sgd(0.3f);
+          m1.get_params(p1.data());
+          m2.get_params(p2.data());
+          ASSERT_EQ(p1, p2) << what << " step " << s;
+        }
+        const bool compact =
+            memory_plan(c, dt, 2, 9, o, true).grads < memory_plan(c, dt, 2, 9, o, false).grads;
+        EXPECT_EQ(compact, o.matmul_backward_sgd != nullptr) << what;
+        if (compact) {
+          EXPECT_THROW(m2.backward(), Error) << what;
+          EXPECT_THROW(m2.sgd_update(0.1f), Error) << what;
+          EXPECT_THROW(m2.get_grads(p2.data()), Error) << what;
+        } else {
+          m2.backward();  // every gradient kept: the same as m1's
+          m1.backward();
+          m1.get_grads(p1.data());
+          m2.get_grads(p2.data());
+          EXPECT_EQ(p1, p2) << what;
+        }
+      }
 }
 
 }  // namespace

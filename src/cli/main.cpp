@@ -127,9 +127,12 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
   for (const std::string& out : {a.output, a.dump_first_step})
     if (!out.empty()) check_output_file(out);
   const bool cuda = a.backend == "cuda";
-  const DType dtype = parse_dtype(a.dtype);  // (the CUDA backend keeps fp32 activations)
-  const MemoryPlan plan =
-      memory_plan(c, dtype, a.batch_size, a.seq_len, !cuda && bf16_acts(cpu_ops(), dtype));
+  const DType dtype = parse_dtype(a.dtype);
+  // (on the GPU, the CUDA backend's arenas: planned below, once it is known to load)
+  const auto plan_on = [&](const Ops& ops) {
+    return memory_plan(c, dtype, a.batch_size, a.seq_len, ops, a.dump_first_step.empty());
+  };
+  MemoryPlan plan = cuda ? MemoryPlan{0, 0, 0, 0} : plan_on(cpu_ops());
   // + init's and the checkpoint writer's per-tensor fp32 buffers (on the host)
   const double largest = double(std::max(c.V * c.C, 2 * c.qkv_rows() * c.C));
   const double buffers = 2 * largest * sizeof(float);
@@ -147,6 +150,7 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
   if (host_need > host_have) refuse(host_need, host_have, "in host memory");
   if (cuda) {
     const CudaDevice d = cuda_device(a.device);  // Error if none
+    plan = plan_on(cuda_ops());
     // the kernels' own scratch (reduction partials, per-row losses) is a few MiB
     const double need = double(plan.total()) + 64.0 * (1 << 20);
     if (need > double(d.free)) refuse(need, double(d.free), ("on " + d.describe()).c_str());
@@ -210,7 +214,9 @@ int train(TrainArgs a) {
   std::fflush(stdout);
 
   const Ops& ops = gpu ? cuda_ops() : cpu_ops();
-  Qwen3 model(c, dtype, a.batch_size, a.seq_len, a.profile ? profiled(ops) : ops);
+  // --dump-first-step takes the first step unfused, to keep every gradient
+  Qwen3 model(c, dtype, a.batch_size, a.seq_len, a.profile ? profiled(ops) : ops,
+              a.dump_first_step.empty());
   const ParamSink sink = [&](size_t off, const float* x, size_t n) { model.set_params(x, off, n); };
   if (src) {
     load_params(*src, c, sink);

@@ -70,6 +70,14 @@ int available_cpus() {
 void embedding_forward(float* out, const int32_t* tokens, const float* E, int64_t N, int64_t C) {
   for (int64_t n = 0; n < N; ++n) std::memcpy(out + n * C, E + tokens[n] * C, C * sizeof(float));
 }
+void embedding_forward_bf16(float* out, const int32_t* tokens, const uint16_t* E, int64_t N,
+                            int64_t C) {
+  for (int64_t n = 0; n < N; ++n) {
+    const uint16_t* row = E + tokens[n] * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) out[n * C + c] = bf16_to_f32(row[c]);
+  }
+}
 void embedding_backward(float* dE, const float* dout, const int32_t* tokens, int64_t N, int64_t C) {
   for (int64_t n = 0; n < N; ++n) {  // serial: tokens may repeat
     float* row = dE + tokens[n] * C;

@@ -21,6 +21,9 @@ int cpus_in_quota(const char* cpu_max, int n);
 
 void embedding_forward(float* out, const int32_t* tokens, const float* E, int64_t N, int64_t C);
 void embedding_backward(float* dE, const float* dout, const int32_t* tokens, int64_t N, int64_t C);
+// embedding_forward from a bf16 table E [V, C]: each gathered row widened exactly
+void embedding_forward_bf16(float* out, const int32_t* tokens, const uint16_t* E, int64_t N,
+                            int64_t C);
 void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C,
                      double eps);
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* rstd,

@@ -84,6 +84,7 @@ const Ops& cpu_ops() {
       accumulate_bf16,
       cpu::embedding_forward,
       cpu::embedding_backward,
+      cpu::embedding_forward_bf16,
       cpu::rmsnorm_forward,
       cpu::rmsnorm_backward,
       cpu::matmul_forward,

@@ -589,6 +589,7 @@ const Ops& device_ops() {
       accumulate_bf16,
       embedding_forward,
       embedding_backward,
+      nullptr,  // embedding_forward_bf16: the model widens the table (on the device)
       rmsnorm_forward,
       rmsnorm_backward,
       matmul_forward,

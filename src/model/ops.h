@@ -29,6 +29,9 @@ struct Ops {
   // layers: see src/ref/layers.h for the contract
   void (*embedding_forward)(float*, const int32_t*, const float*, int64_t, int64_t);
   void (*embedding_backward)(float*, const float*, const int32_t*, int64_t, int64_t);
+  // Optional (null: the model widens the whole table with bf16_to_f32 first): embedding_forward
+  // from a bf16 table, widening just the rows it gathers (a 0.6B table is 155M entries).
+  void (*embedding_forward_bf16)(float*, const int32_t*, const uint16_t*, int64_t, int64_t);
   void (*rmsnorm_forward)(float*, float*, const float*, const float*, int64_t, int64_t, double);
   void (*rmsnorm_backward)(float*, float*, const float*, const float*, const float*, const float*,
                            int64_t, int64_t);

@@ -48,7 +48,7 @@ const Ops& profiled(const Ops& inner) {
     p.name = inner.name + "+profile";
 #define TQ_WRAP(f) wrap<&Ops::f>(p, #f)
     TQ_WRAP(zero), TQ_WRAP(copy), TQ_WRAP(bf16_to_f32), TQ_WRAP(bf16_accumulate);
-    TQ_WRAP(embedding_forward), TQ_WRAP(embedding_backward);
+    TQ_WRAP(embedding_forward), TQ_WRAP(embedding_backward), TQ_WRAP(embedding_forward_bf16);
     TQ_WRAP(rmsnorm_forward), TQ_WRAP(rmsnorm_backward);
     TQ_WRAP(matmul_forward), TQ_WRAP(matmul_backward);
     TQ_WRAP(matmul_forward_bf16w), TQ_WRAP(matmul_backward_bf16w);

@@ -83,17 +83,86 @@ static size_t largest_param(const ParamLayout& p) {
   return n;
 }
 
-MemoryPlan memory_plan(const Config& c, DType dtype, int64_t B, int64_t T, bool h16) {
-  const ParamLayout p = make_layout(c);
-  const size_t P = p.total * dtype_size(dtype);
-  const size_t bf16_bufs = dtype == DType::bf16 ? 2 * largest_param(p) * 4 : 0;
-  return {P, P, size_t(c.L * sum(layer_act_sizes(c, B, T, h16)) + final_act_size(c, B * T)) * 4,
-          size_t(sum(scratch_sizes(c, B, T, h16))) * 4 + bf16_bufs};
+static bool can_fuse(const Ops& o, DType dtype) {
+  return dtype == DType::f32 ? o.matmul_backward_sgd != nullptr
+                             : o.matmul_backward_sgd_bf16w != nullptr;
 }
 
-Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& ops)
+// The parameters the fused step cannot take (embedding, tied head, norms; with no fused step,
+// all of them) as [offset, count) ranges, adjacent ones merged.
+static std::vector<std::pair<size_t, size_t>> unfused_ranges(const ParamLayout& p, bool fuse) {
+  std::vector<std::pair<size_t, size_t>> r;
+  for (const ParamView& v : p.params) {
+    bool matrix = v.offset == p.lm_head && p.lm_head != p.tok_emb;
+    for (const ParamLayout::Layer& w : p.layers)
+      matrix |= v.offset == w.wqkv || v.offset == w.wo || v.offset == w.w1 || v.offset == w.w3 ||
+                v.offset == w.w2;
+    if (matrix && fuse) continue;
+    if (!r.empty() && r.back().first + r.back().second == v.offset)
+      r.back().second += v.numel;
+    else
+      r.push_back({v.offset, v.numel});
+  }
+  return r;
+}
+
+namespace {
+// What a run's arenas hold besides parameters and activations, from its backend and how it
+// trains (sgd_only: by backward_sgd alone).
+struct Needs {
+  bool h16;      // bf16_acts
+  bool compact;  // sgd_only, and the backend steps the matrices inside backward: gradient
+                 // slots only for the unfused ranges
+  std::vector<std::pair<size_t, size_t>> unfused;  // ranges sgd_update steps after backward
+  size_t grads = 0;                                // elements of the gradient arena
+  size_t wview = 0, gview = 0;  // bf16: fp32 elements of the weight view and gradient buffer
+};
+Needs needs(const Config& c, const ParamLayout& p, DType dtype, const Ops& o, bool sgd_only) {
+  Needs n;
+  n.h16 = bf16_acts(o, dtype);
+  n.unfused = unfused_ranges(p, can_fuse(o, dtype));
+  n.compact = sgd_only && can_fuse(o, dtype);
+  n.grads = p.total;
+  if (n.compact) {
+    n.grads = 0;
+    for (const auto& r : n.unfused) n.grads += r.second;
+  }
+  if (dtype == DType::bf16) {
+    // weight() widens the norms (q_norm and k_norm together), the embedding table where the
+    // backend cannot gather from bf16, and the matrices where it has no bf16 products;
+    // grad() collects the gradient of any parameter, or with the fused step only of the
+    // unfused ones (embedding or tied head, norms)
+    const size_t small = size_t(std::max(c.C, 2 * c.D)), table = size_t(c.V * c.C);
+    const bool mats16 = o.matmul_forward_bf16w && o.matmul_backward_bf16w;
+    n.wview =
+        std::max({small, o.embedding_forward_bf16 ? 0 : table, mats16 ? 0 : largest_param(p)});
+    n.gview = n.compact ? std::max(small, table) : largest_param(p);
+  }
+  return n;
+}
+}  // namespace
+
+MemoryPlan memory_plan(const Config& c, DType dtype, int64_t B, int64_t T, const Ops& ops,
+                       bool sgd_only) {
+  const ParamLayout p = make_layout(c);
+  const Needs n = needs(c, p, dtype, ops, sgd_only);
+  return {p.total * dtype_size(dtype), n.grads * dtype_size(dtype),
+          size_t(c.L * sum(layer_act_sizes(c, B, T, n.h16)) + final_act_size(c, B * T)) * 4,
+          size_t(sum(scratch_sizes(c, B, T, n.h16))) * 4 + (n.wview + n.gview) * 4};
+}
+
+Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& ops, bool sgd_only)
     : cfg_(cfg), layout_(make_layout(cfg)), dtype_(dtype), B_(B), T_(T), N_(B * T), ops_(ops) {
-  const MemoryPlan plan = memory_plan(cfg, dtype, B, T, bf16_acts_);
+  const Needs need = needs(cfg, layout_, dtype, ops, sgd_only);
+  const MemoryPlan plan = memory_plan(cfg, dtype, B, T, ops, sgd_only);
+  unfused_ = need.unfused;
+  can_fuse_ = can_fuse(ops, dtype);
+  compact_grads_ = need.compact;
+  size_t g = 0;  // gradient slots: the whole layout, or the unfused ranges one after another
+  if (compact_grads_)
+    for (const auto& [off, n] : unfused_) gslots_.push_back({off, n, g}), g += n;
+  else
+    gslots_.push_back({0, layout_.total, 0});
   params_ = ops.alloc(plan.params);
   grads_ = ops.alloc(plan.grads);
   acts_ = static_cast<float*>(ops.alloc(plan.activations));
@@ -122,21 +191,8 @@ Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& op
   targets_ = reinterpret_cast<int32_t*>(ids[1]);
   if (dtype == DType::bf16) {
     wbuf_ = p;
-    gbuf_ = p + largest_param(layout_);
-  }
-  // Parameters the fused step cannot take (embedding, tied head, norms), merged into ranges.
-  // Which weights fuse depends on the backend; ranges of weights that do not are stepped
-  // by sgd_update after backward (their gradients are complete by then).
-  for (const ParamView& v : layout_.params) {
-    bool matrix = v.offset == layout_.lm_head && layout_.lm_head != layout_.tok_emb;
-    for (const ParamLayout::Layer& w : layout_.layers)
-      matrix |= v.offset == w.wqkv || v.offset == w.wo || v.offset == w.w1 || v.offset == w.w3 ||
-                v.offset == w.w2;
-    if (matrix && can_fuse_) continue;
-    if (!unfused_.empty() && unfused_.back().first + unfused_.back().second == v.offset)
-      unfused_.back().second += v.numel;
-    else
-      unfused_.push_back({v.offset, v.numel});
+    gbuf_ = p + need.wview;
+    wview_ = need.wview, gview_ = need.gview;
   }
   std::vector<float> c, s;
   rope_tables(c, s, T, cfg.D, cfg.theta);
@@ -167,7 +223,15 @@ void Qwen3::get_params(float* host, size_t off, size_t n) const {
   download_arena(ops_, host, params_, off, n, dtype_);
 }
 void Qwen3::get_grads(float* host) const {
+  if (compact_grads_) throw Error("get_grads: this model keeps gradients only for the fused step");
   download_arena(ops_, host, grads_, 0, layout_.total, dtype_);
+}
+
+size_t Qwen3::gslot(size_t off, size_t n) const {
+  for (const GradSlot& s : gslots_)
+    if (off >= s.off && off + n <= s.off + s.n) return s.at + (off - s.off);
+  throw Error("no gradient slot for parameters [" + std::to_string(off) + ", " +
+              std::to_string(off + n) + ")");  // (a model bug: see needs())
 }
 
 float* Qwen3::rb(float* p, int64_t n) {
@@ -177,16 +241,19 @@ float* Qwen3::rb(float* p, int64_t n) {
 
 const float* Qwen3::weight(size_t off, int64_t n) {
   if (dtype_ == DType::f32) return static_cast<const float*>(params_) + off;
+  if (size_t(n) > wview_) throw Error("weight view too small (a model bug: see needs())");
   ops_.bf16_to_f32(wbuf_, static_cast<const uint16_t*>(params_) + off, n);
   return wbuf_;
 }
 float* Qwen3::grad(size_t off, int64_t n) {
-  if (dtype_ == DType::f32) return static_cast<float*>(grads_) + off;
+  if (dtype_ == DType::f32) return static_cast<float*>(grads_) + gslot(off, size_t(n));
+  if (size_t(n) > gview_) throw Error("gradient buffer too small (a model bug: see needs())");
   ops_.zero(gbuf_, n * 4);
   return gbuf_;
 }
 void Qwen3::grad_done(size_t off, int64_t n) {
-  if (dtype_ == DType::bf16) ops_.bf16_accumulate(static_cast<uint16_t*>(grads_) + off, gbuf_, n);
+  if (dtype_ == DType::bf16)
+    ops_.bf16_accumulate(static_cast<uint16_t*>(grads_) + gslot(off, size_t(n)), gbuf_, n);
 }
 
 static float* f32(Act a) {  // (fp32 storage: the only kind outside the bf16w products)
@@ -230,7 +297,11 @@ double Qwen3::forward(const Batch& batch) {
                 std::to_string(N));
   o.upload(tokens_, batch.tokens.data(), size_t(N) * 4);
   o.upload(targets_, batch.targets.data(), size_t(N) * 4);
-  o.embedding_forward(la_[0].res, tokens_, weight(layout_.tok_emb, c.V * C), N, C);
+  if (dtype_ == DType::bf16 && o.embedding_forward_bf16)
+    o.embedding_forward_bf16(la_[0].res, tokens_,
+                             static_cast<const uint16_t*>(params_) + layout_.tok_emb, N, C);
+  else
+    o.embedding_forward(la_[0].res, tokens_, weight(layout_.tok_emb, c.V * C), N, C);
   for (int64_t l = 0; l < c.L; ++l) {
     const ParamLayout::Layer& w = layout_.layers[l];
     const LayerActs& a = la_[l];
@@ -283,12 +354,18 @@ double Qwen3::forward(const Batch& batch) {
 }
 
 void Qwen3::backward() {
+  if (compact_grads_) throw Error("backward: this model keeps gradients only for the fused step");
+  backward_pass();
+}
+
+void Qwen3::backward_pass() {
   const Config& c = cfg_;
   const Ops& o = ops_;
   const int64_t N = N_, C = c.C, H = c.H, K = c.KVH, D = c.D, F = c.F, QKV = c.qkv_rows();
   if (fuse_lr_ > 0)
     for (const auto& [off, n] : unfused_)
-      o.zero(static_cast<char*>(grads_) + off * dtype_size(dtype_), n * dtype_size(dtype_));
+      o.zero(static_cast<char*>(grads_) + gslot(off, n) * dtype_size(dtype_),
+             n * dtype_size(dtype_));
   else
     o.zero(grads_, layout_.total * dtype_size(dtype_));
   // Each parameter-gradient call is bracketed by grad(off, n) ... grad_done(off, n).
@@ -355,6 +432,7 @@ void Qwen3::backward() {
 }
 
 void Qwen3::sgd_update(float lr) {
+  if (compact_grads_) throw Error("sgd_update: this model keeps gradients only for the fused step");
   if (dtype_ == DType::f32)
     ops_.sgd_update_f32(static_cast<float*>(params_), static_cast<const float*>(grads_),
                         layout_.total, lr);
@@ -365,15 +443,16 @@ void Qwen3::sgd_update(float lr) {
 
 void Qwen3::backward_sgd(float lr) {
   fuse_lr_ = lr;
-  backward();
+  backward_pass();
   fuse_lr_ = 0;
   for (const auto& [off, n] : unfused_) {
+    const size_t g = gslot(off, n);
     if (dtype_ == DType::f32)
-      ops_.sgd_update_f32(static_cast<float*>(params_) + off,
-                          static_cast<const float*>(grads_) + off, int64_t(n), lr);
+      ops_.sgd_update_f32(static_cast<float*>(params_) + off, static_cast<const float*>(grads_) + g,
+                          int64_t(n), lr);
     else
       ops_.sgd_update_bf16(static_cast<uint16_t*>(params_) + off,
-                           static_cast<const uint16_t*>(grads_) + off, int64_t(n), lr);
+                           static_cast<const uint16_t*>(grads_) + g, int64_t(n), lr);
   }
 }
 

@@ -1,6 +1,7 @@
 // The Qwen3 training step, written once against a backend's Ops table.
-// Arenas: params, grads (same layout as params), activations (saved for backward) and
-// scratch; all allocated in the constructor, so memory use is known before step 0.
+// Arenas: params, grads (same layout as params; with sgd_only, just the parameters the fused
+// step cannot take, one after another), activations (saved for backward) and scratch; all
+// allocated in the constructor, so memory use is known before step 0.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -33,11 +34,18 @@ struct MemoryPlan {
 // projection qkv, q, k, v, the attention output) and their gradients. bf16 runs on backends
 // with the bf16 products, SwiGLU, the fused QK-norm + RoPE and bf16 attention (Ops).
 bool bf16_acts(const Ops& ops, DType dtype);
-MemoryPlan memory_plan(const Config& cfg, DType dtype, int64_t B, int64_t T, bool bf16_acts);
+// The arenas of a Qwen3(cfg, dtype, B, T, ops, sgd_only).
+MemoryPlan memory_plan(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& ops,
+                       bool sgd_only);
 
 class Qwen3 {
  public:
-  Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& ops);
+  // sgd_only: trained by backward_sgd alone. Where the backend steps the matrices inside
+  // backward, the gradient arena then holds only the other parameters' gradients (the
+  // embedding or tied head and the norms: 0.6B bf16 311 MiB, not 1137), and backward(),
+  // sgd_update() and get_grads() refuse.
+  Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& ops,
+        bool sgd_only = false);
   ~Qwen3();
   Qwen3(const Qwen3&) = delete;
   Qwen3& operator=(const Qwen3&) = delete;
@@ -71,6 +79,14 @@ class Qwen3 {
   const float* weight(size_t off, int64_t n);
   float* grad(size_t off, int64_t n);
   void grad_done(size_t off, int64_t n);
+  void backward_pass();  // backward, or with fuse_lr_ > 0 backward_sgd's
+  // where parameters [off, off+n) keep their gradient in grads_ (an element index)
+  size_t gslot(size_t off, size_t n) const;
+  struct GradSlot {
+    size_t off, n, at;  // parameters [off, off+n) at grads_[at..]
+  };
+  std::vector<GradSlot> gslots_;
+  bool compact_grads_ = false;  // gradient slots only for unfused_ (sgd_only)
   // matmul_forward / matmul_backward with weight `off` [OC, IC]; bf16 runs hand the bf16
   // weight to the backend's bf16 products where it has them. out and dx come back rounded to
   // bf16 in bf16 runs (by those products, else here).
@@ -89,15 +105,16 @@ class Qwen3 {
   DType dtype_;
   int64_t B_, T_, N_;
   const Ops& ops_;
-  // the backend steps this dtype's matrices inside backward (declared after dtype_, ops_)
-  const bool can_fuse_ = dtype_ == DType::f32 ? ops_.matmul_backward_sgd != nullptr
-                                              : ops_.matmul_backward_sgd_bf16w != nullptr;
+  bool can_fuse_ = false;  // the backend steps this dtype's matrices inside backward
   // qkv, q, k, v, att, ab, m and the gradients qkv_ (dqkv), dq_, dk_, dv_, datt_, dab_, dm_
   // hold bf16 bits (their float* views then point at uint16_t arrays)
   const bool bf16_acts_ = bf16_acts(ops_, dtype_);
   void *params_, *grads_;  // float or uint16_t (bf16) [layout_.total]
   float *acts_, *scratch_;
-  float *wbuf_ = nullptr, *gbuf_ = nullptr;  // bf16 mode: [largest parameter]
+  // bf16 mode: the fp32 view of a weight [wview_] and a gradient [gview_], each as large as
+  // the largest parameter that needs one in this run
+  float *wbuf_ = nullptr, *gbuf_ = nullptr;
+  size_t wview_ = 0, gview_ = 0;
   std::vector<LayerActs> la_;
   float *res_final_, *xnf_, *rstdf_, *logits_, *lse_ce_;  // final norm + head
   float *qkv_, *tmp_, *dres_, *dtmp_, *dxn_, *dab_, *dm_, *datt_, *dq_, *dk_, *dv_, *dqr_, *dkr_;
