@@ -99,5 +99,26 @@ TEST(Init, FollowsTorchTitanLayoutAndDistributions) {
   EXPECT_NE(w[p.layers[0].wo], w3[p.layers[0].wo]);
 }
 
+// A tensor longer than kInitPiece is drawn by pieces: the values of one normal_ call over it
+// (here 4,200,100 values, not a multiple of 16), and the stream after it the same.
+TEST(Init, DrawsLargeTensorsByPiecesAsOneCall) {
+  //          name   V      C    L  H  KVH D  F   ctx theta tied   eps
+  const Config c{"big", 42001, 100, 1, 2, 1, 8, 16, 64, 1e4, false, 1e-6f};
+  const ParamLayout p = make_layout(c);
+  const size_t n = size_t(c.V * c.C);
+  ASSERT_GT(n, kInitPiece + 16);
+  ASSERT_NE(n % 16, 0u);
+  std::vector<float> w(p.total);
+  init_params(w.data(), c, p, 7);
+  TorchRng r(7);
+  const uint64_t per_layer = c.qkv_rows() * c.C + c.C * c.H * c.D + 3 * c.F * c.C;
+  r.skip(n + c.L * per_layer + n);
+  std::vector<float> emb(n), q(size_t(c.H * c.D * c.C));
+  r.normal(emb.data(), n, 0.02f);
+  r.normal(q.data(), q.size(), 0.02f);  // layer 0's wq: its first head leads the fused rows
+  EXPECT_TRUE(std::equal(emb.begin(), emb.end(), w.begin() + p.tok_emb));
+  EXPECT_TRUE(std::equal(q.begin(), q.begin() + c.D * c.C, w.begin() + p.layers[0].wqkv));
+}
+
 }  // namespace
 }  // namespace tq

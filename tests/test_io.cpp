@@ -163,6 +163,42 @@ TEST(Pickle, RejectsHostileStreams) {
     EXPECT_THROW(pickle_loads(reinterpret_cast<const uint8_t*>(s.data()), s.size()), Error) << s;
 }
 
+// A tensor longer than kEncodePiece is read from the arena by pieces, into the same bytes.
+TEST(Checkpoint, EncodesLargeTensorsByPieces) {
+  //          name   V      C    L  H  KVH D  F   ctx theta tied   eps
+  const Config c{"big", 42001, 100, 1, 2, 1, 8, 16, 64, 1e4, false, 1e-6f};
+  const ParamLayout p = make_layout(c);
+  std::vector<float> w(p.total);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = float(i % 1000003) * 1e-3f - 7.0f;
+  for (const StateEntry& e : state_dict_entries(c, p)) {
+    if (e.key != "tok_embeddings.weight") continue;
+    const size_t n = size_t(c.V * c.C);
+    ASSERT_GT(n, kEncodePiece);
+    size_t longest = 0;
+    const ParamReader whole = arena_reader(w.data());
+    const ParamReader read = [&](size_t off, size_t m, float* out) {
+      longest = std::max(longest, m);
+      whole(off, m, out);
+    };
+    for (DType dt : {DType::f32, DType::bf16}) {
+      std::vector<uint8_t> out(n * dtype_size(dt));
+      encode_entry(out.data(), c, e, read, dt);
+      for (size_t i = 0; i < n; i = i + 9973 < n || i == n - 1 ? i + 9973 : n - 1) {
+        float v;
+        if (dt == DType::f32) {
+          std::memcpy(&v, out.data() + 4 * i, 4);
+          ASSERT_EQ(v, w[p.tok_emb + i]) << i;
+        } else {
+          uint16_t h;
+          std::memcpy(&h, out.data() + 2 * i, 2);
+          ASSERT_EQ(h, f32_to_bf16(w[p.tok_emb + i])) << i;
+        }
+      }
+    }
+    EXPECT_EQ(longest, kEncodePiece);
+  }
+}
+
 class CheckpointRoundTrip : public ::testing::TestWithParam<DType> {};
 TEST_P(CheckpointRoundTrip, SavesAndLoadsEveryParameterExactly) {
   const DType dtype = GetParam();

@@ -133,9 +133,16 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
     return memory_plan(c, dtype, a.batch_size, a.seq_len, ops, a.dump_first_step.empty());
   };
   MemoryPlan plan = cuda ? MemoryPlan{0, 0, 0, 0} : plan_on(cpu_ops());
-  // + init's and the checkpoint writer's per-tensor fp32 buffers (on the host)
+  // + what init and the checkpoint writer hold on the host (one after the other): init a
+  // layer's q, k, v and their fused rows (2 x QKV x C fp32) or a piece of a tensor (fp32 and
+  // bf16), --init-from a whole tensor (fp32, bf16 and a tied head stored apart); the writer
+  // a record in the file's dtype and a piece
   const double largest = double(std::max(c.V * c.C, 2 * c.qkv_rows() * c.C));
-  const double buffers = 2 * largest * sizeof(float);
+  const double piece = 6.0 * double(std::max(kInitPiece, kEncodePiece));
+  const double init = a.init_from.empty() ? std::max(2.0 * c.qkv_rows() * c.C * 4, piece)
+                                          : 2 * largest * sizeof(float);
+  const double save = double(std::max(c.V * c.C, c.qkv_rows() * c.C)) * dtype_size(dtype) + piece;
+  const double buffers = std::max(init, save);
   const auto refuse = [&](double need, double have, const char* where) {
     char msg[320];
     std::snprintf(msg, sizeof msg,

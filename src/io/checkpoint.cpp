@@ -104,11 +104,14 @@ void encode_entry(uint8_t* out, const Config& c, const StateEntry& e, const Para
                   DType dtype) {
   size_t n = 0;
   for (const ArenaRun& r : entry_runs(c, e)) n = std::max(n, r.n);
+  n = std::min(n, kEncodePiece);
   std::unique_ptr<float[]> tmp(new float[n]);
-  for (const ArenaRun& r : entry_runs(c, e)) {
-    read(r.arena, r.n, tmp.get());
-    encode(out + r.dense * dtype_size(dtype), tmp.get(), int64_t(r.n), dtype);
-  }
+  for (const ArenaRun& r : entry_runs(c, e))
+    for (size_t i = 0, m; i < r.n; i += m) {  // by pieces: no fp32 copy of a whole tensor
+      m = std::min(r.n - i, kEncodePiece);
+      read(r.arena + i, m, tmp.get());
+      encode(out + (r.dense + i) * dtype_size(dtype), tmp.get(), int64_t(m), dtype);
+    }
 }
 
 ValuePtr state_dict(PtWriter& w, const Config& c, const ParamLayout& p, const ParamReader& read,

@@ -66,7 +66,9 @@ std::vector<ArenaRun> entry_runs(const Config& cfg, const StateEntry& e);
 // Reads arena elements [off, off+n) as fp32 into out; called while the file is written,
 // one tensor at a time, so no full copy of the model is needed.
 using ParamReader = std::function<void(size_t off, size_t n, float* out)>;
-// Entry e's dense tensor, read from the arena and encoded in dtype, into out.
+// Entry e's dense tensor, read from the arena (by pieces of at most kEncodePiece values) and
+// encoded in dtype, into out.
+constexpr size_t kEncodePiece = size_t(1) << 22;
 void encode_entry(uint8_t* out, const Config& cfg, const StateEntry& e, const ParamReader& read,
                   DType dtype);
 // The state dict of the parameters (arena in make_layout order) in the given dtype.

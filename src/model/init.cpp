@@ -88,10 +88,16 @@ void init_params(const ParamSink& sink, const Config& c, const ParamLayout& p, u
 
   const float std = 0.02f;
   std::vector<float> buf;
+  // normal_ of a tensor, handed over by pieces of kInitPiece values (a multiple of 16: torch
+  // transforms each 16 draws on their own), the last one at least 16 long (it redraws the
+  // tensor's last 16 values where n is not a multiple of 16): the same values as one call
   auto normal = [&](size_t off, size_t n) {
-    buf.resize(n);
-    rng.normal(buf.data(), n, std);
-    sink(off, buf.data(), n);
+    for (size_t i = 0, m; i < n; i += m) {
+      m = n - i > kInitPiece + 16 ? kInitPiece : n - i;
+      buf.resize(m);
+      rng.normal(buf.data(), m, std);
+      sink(off + i, buf.data(), m);
+    }
   };
   auto ones = [&](size_t off, size_t n) {
     buf.assign(n, 1.0f);

@@ -51,8 +51,11 @@ class TorchRng {
 
 // Initializes the parameters as TorchTitan does for a model built on the CPU: constructor
 // draws (consumed, then overwritten), then init_states. Each tensor is handed to sink(offset,
-// values, n) as soon as it is drawn, so no full fp32 copy of the model is needed.
+// values, n) as soon as it is drawn (the large ones by pieces of kInitPiece), so no full
+// fp32 copy of the model, nor of its embedding, is needed.
 using ParamSink = std::function<void(size_t offset, const float* values, size_t n)>;
+// The longest piece of a tensor handed to a sink at once (an 8B embedding is 622M values).
+constexpr size_t kInitPiece = size_t(1) << 22;
 void init_params(const ParamSink& sink, const Config& cfg, const ParamLayout& layout,
                  uint64_t seed);
 // The same into params[layout.total].
