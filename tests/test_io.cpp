@@ -262,7 +262,15 @@ TEST(PtReader, ReadsStridedViewsAndRejectsOutOfBounds) {
   PtReader r(ok);
   const std::vector<float> t = r.tensor("x", r.root->get("x"), {4, 3});
   EXPECT_EQ(t, (std::vector<float>{0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11}));
-  EXPECT_THROW(r.tensor("x", r.root->get("x"), {3, 4}), Error);  // wrong shape
+  for (size_t b = 0; b <= 12; ++b)  // every range of it, read on its own
+    for (size_t n = 0; b + n <= 12; ++n) {
+      std::vector<float> part(n, -1.0f);
+      r.tensor("x", r.root->get("x"), {4, 3}, b, n, part.data());
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), t.begin() + b)) << b << " +" << n;
+    }
+  float one;
+  EXPECT_THROW(r.tensor("x", r.root->get("x"), {4, 3}, 12, 1, &one), Error);  // past the end
+  EXPECT_THROW(r.tensor("x", r.root->get("x"), {3, 4}), Error);               // wrong shape
   std::remove(ok.c_str());
 
   TensorRef past;  // view runs past the storage
@@ -493,6 +501,33 @@ TEST(StateDict, RejectsMissingExtraAndUntiedEntries) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Tensors longer than kLoadPiece are read and handed over by pieces: the same values, and a
+// tied head stored apart is compared with the embedding piece by piece, to its last value.
+TEST(StateDict, LoadsLargeTensorsByPieces) {
+  //           name   V      C    L  H  KVH D  F   ctx theta tied eps
+  const Config tied{"big", 42001, 100, 1, 2, 1, 8, 16, 64, 1e4, true, 1e-6f};
+  Config untied = tied;
+  untied.tied = false;
+  ASSERT_GT(size_t(tied.V * tied.C), kLoadPiece);
+  std::vector<float> w(make_layout(tied).total);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = round_bf16(std::sin(float(i)));
+  EXPECT_EQ(state_dict_round_trip(tied, w, DType::f32), w);
+  EXPECT_EQ(state_dict_round_trip(tied, w, DType::bf16), w);
+  // the untied layout with lm_head a copy of the embedding, read as the tied preset
+  const ParamLayout pu = make_layout(untied);
+  std::vector<float> wu(pu.total);
+  for (size_t i = 0; i < wu.size(); ++i) wu[i] = round_bf16(std::cos(float(i)));
+  const size_t VC = size_t(tied.V * tied.C);
+  std::copy_n(wu.begin() + ptrdiff_t(pu.tok_emb), VC, wu.begin() + ptrdiff_t(pu.lm_head));
+  const std::vector<float> back = state_dict_round_trip(untied, wu, DType::f32, {}, &tied);
+  const ParamLayout pt = make_layout(tied);
+  EXPECT_TRUE(std::equal(back.begin() + ptrdiff_t(pt.tok_emb),
+                         back.begin() + ptrdiff_t(pt.tok_emb + VC),
+                         wu.begin() + ptrdiff_t(pu.tok_emb)));
+  wu[pu.lm_head + VC - 1] += 1.0f;  // the last value of the last piece differs
+  EXPECT_THROW(state_dict_round_trip(untied, wu, DType::f32, {}, &tied), Error);
 }
 
 }  // namespace

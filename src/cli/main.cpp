@@ -134,13 +134,11 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
   };
   MemoryPlan plan = cuda ? MemoryPlan{0, 0, 0, 0} : plan_on(cpu_ops());
   // + what init and the checkpoint writer hold on the host (one after the other): init a
-  // layer's q, k, v and their fused rows (2 x QKV x C fp32) or a piece of a tensor (fp32 and
-  // bf16), --init-from a whole tensor (fp32, bf16 and a tied head stored apart); the writer
-  // a record in the file's dtype and a piece
-  const double largest = double(std::max(c.V * c.C, 2 * c.qkv_rows() * c.C));
-  const double piece = 6.0 * double(std::max(kInitPiece, kEncodePiece));
-  const double init = a.init_from.empty() ? std::max(2.0 * c.qkv_rows() * c.C * 4, piece)
-                                          : 2 * largest * sizeof(float);
+  // layer's q, k, v and their fused rows (2 x QKV x C fp32) or pieces of a tensor (at most
+  // two in fp32 and one in bf16, --init-from's); the writer a record in the file's dtype and
+  // a piece
+  const double piece = 10.0 * double(std::max({kInitPiece, kEncodePiece, kLoadPiece}));
+  const double init = std::max(2.0 * c.qkv_rows() * c.C * 4, piece);
   const double save = double(std::max(c.V * c.C, c.qkv_rows() * c.C)) * dtype_size(dtype) + piece;
   const double buffers = std::max(init, save);
   const auto refuse = [&](double need, double have, const char* where) {

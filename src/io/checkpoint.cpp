@@ -215,6 +215,17 @@ const MappedFile& PtReader::check_magic(const MappedFile& f) {
 
 std::vector<float> PtReader::tensor(const std::string& name, const Value* v,
                                     const std::vector<int64_t>& shape) const {
+  int64_t numel = 1;
+  for (int64_t s : shape)
+    if (s < 0 || __builtin_mul_overflow(numel, s, &numel))
+      throw Error(file.path() + ": " + name + ": shape " + shape_str(shape) + " out of range");
+  std::vector<float> out(static_cast<size_t>(numel));
+  tensor(name, v, shape, 0, out.size(), out.data());
+  return out;
+}
+
+void PtReader::tensor(const std::string& name, const Value* v, const std::vector<int64_t>& shape,
+                      size_t begin, size_t count, float* out) const {
   const std::string where = file.path() + ": " + name;
   if (!v) throw Error(where + ": missing from the state dict");
   if (v->kind != Value::Tensor)
@@ -243,25 +254,30 @@ std::vector<float> PtReader::tensor(const std::string& name, const Value* v,
       throw Error(where + ": view out of bounds");
   }
   if (numel > 0 && last >= t.storage_numel) throw Error(where + ": view runs past its storage");
-  std::vector<float> out(numel);
+  if (begin > size_t(numel) || count > size_t(numel) - begin)
+    throw Error(where + ": elements [" + std::to_string(begin) + ", +" + std::to_string(count) +
+                ") of " + std::to_string(numel));  // (a caller's bug)
+  if (count == 0) return;
   const uint8_t* base = zip.data(e);
   if (t.stride == full_view(t, shape).stride) {  // contiguous: one pass
-    const uint8_t* src = base + t.offset * es;
+    const uint8_t* src = base + (t.offset + int64_t(begin)) * es;
     if (t.storage == "FloatStorage") {
-      std::memcpy(out.data(), src, numel * 4);
-      return out;
+      std::memcpy(out, src, count * 4);
+      return;
     }
     if (t.storage == "BFloat16Storage") {
-      for (int64_t k = 0; k < numel; ++k) {
+      for (size_t k = 0; k < count; ++k) {
         uint16_t h;
         std::memcpy(&h, src + 2 * k, 2);
         out[k] = bf16_to_f32(h);
       }
-      return out;
+      return;
     }
   }
-  std::vector<int64_t> idx(shape.size(), 0);
-  for (int64_t k = 0; k < numel; ++k) {
+  std::vector<int64_t> idx(shape.size(), 0);  // the multi-index of element `begin`
+  for (size_t i = shape.size(), rest = begin; i-- > 0;)
+    idx[i] = int64_t(rest % size_t(shape[i])), rest /= size_t(shape[i]);
+  for (size_t k = 0; k < count; ++k) {
     int64_t off = t.offset;
     for (size_t i = 0; i < shape.size(); ++i) off += idx[i] * t.stride[i];
     const uint8_t* p = base + off * es;
@@ -283,7 +299,6 @@ std::vector<float> PtReader::tensor(const std::string& name, const Value* v,
       idx[i] = 0;
     }
   }
-  return out;
 }
 
 }  // namespace tq

@@ -90,6 +90,9 @@ class PtReader {
   // Dense fp32 copy of tensor value v (named `name` in messages), which must have `shape`.
   std::vector<float> tensor(const std::string& name, const Value* v,
                             const std::vector<int64_t>& shape) const;
+  // Its elements [begin, begin + count) in dense (row-major) order, into out.
+  void tensor(const std::string& name, const Value* v, const std::vector<int64_t>& shape,
+              size_t begin, size_t count, float* out) const;
 
   MappedFile file;
   ZipReader zip;

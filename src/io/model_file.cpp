@@ -166,7 +166,9 @@ void open_pt(ModelFile& mf) {
     ValuePtr vp = v;
     const std::string name = k->s;
     mf.tensors.push_back({name, t.size, torch_dtype_of_storage(t.storage), id,
-                          [pt, vp, name] { return pt->tensor(name, vp.get(), vp->tensor.size); }});
+                          [pt, vp, name](size_t begin, size_t n, float* out) {
+                            pt->tensor(name, vp.get(), vp->tensor.size, begin, n, out);
+                          }});
   }
   mf.kind = sd == &root ? "PyTorch state dict" : "PyTorch checkpoint";
   if (const Value* conf = root.get("config"); conf && conf->kind == Value::Dict) {
@@ -197,14 +199,16 @@ void add_safetensors(ModelFile& mf, const std::string& path) {
   const SafetensorsFile* f = st.get();
   for (const StTensor& t : st->tensors()) {
     const std::string dt = torch_dtype_of_st(t.dtype);
-    mf.tensors.push_back({t.name, t.shape, dt, path + "@" + std::to_string(t.begin), [f, t, dt] {
-                            const size_t n = (t.end - t.begin) / st_dtype_size(t.dtype);
-                            std::vector<float> out(n);
-                            const uint8_t* p = f->data(t);
+    mf.tensors.push_back({t.name, t.shape, dt, path + "@" + std::to_string(t.begin),
+                          [f, t, dt](size_t begin, size_t n, float* out) {
+                            const size_t es = st_dtype_size(t.dtype);
+                            if (begin > (t.end - t.begin) / es ||
+                                n > (t.end - t.begin) / es - begin)
+                              throw Error(f->path() + ": " + t.name + ": elements out of range");
+                            const uint8_t* p = f->data(t) + begin * es;
+                            if (dt == "float32") return void(std::memcpy(out, p, 4 * n));
                             for (size_t i = 0; i < n; ++i) {
-                              if (dt == "float32") {
-                                std::memcpy(&out[i], p + 4 * i, 4);
-                              } else if (dt == "float64") {
+                              if (dt == "float64") {
                                 double x;
                                 std::memcpy(&x, p + 8 * i, 8);
                                 out[i] = float(x);
@@ -214,7 +218,6 @@ void add_safetensors(ModelFile& mf, const std::string& path) {
                                 out[i] = dt == "bfloat16" ? bf16_to_f32(h) : half_to_f32(h);
                               }
                             }
-                            return out;
                           }});
   }
   // our export records the training run in the metadata (all values are strings)
@@ -514,32 +517,55 @@ void check_model_file(const ModelFile& mf, const Config& c) {
   checked_keys(mf, c);
 }
 
+size_t SourceTensor::numel() const {
+  size_t n = 1;
+  for (int64_t s : shape) n *= size_t(s);
+  return n;
+}
+std::vector<float> SourceTensor::read_all() const {
+  std::vector<float> x(numel());
+  read(0, x.size(), x.data());
+  return x;
+}
+
 void load_params(const ModelFile& mf, const Config& c, const ParamSink& sink) {
   const auto m = checked_keys(mf, c);
   const ParamLayout layout = make_layout(c);
   std::set<std::string> fused_done;
-  std::vector<float> emb;  // kept to compare a tied lm_head stored separately
+  std::vector<float> x, y;  // a piece of a tensor: never a whole one (an 8B embedding is 2.5 GB)
+  // dense elements [dense, dense + n) of t to the arena at `arena`, by pieces
+  const auto copy = [&](const SourceTensor& t, size_t dense, size_t arena, size_t n) {
+    for (size_t i = 0, k; i < n; i += k) {
+      k = std::min(n - i, kLoadPiece);
+      x.resize(k);
+      t.read(dense + i, k, x.data());
+      sink(arena + i, x.data(), k);
+    }
+  };
   for (const StateEntry& e : state_dict_entries(c, layout)) {
     const SourceTensor* t = get(m, e.key);
-    if (e.tied_copy) {
-      if (!t || t->storage == get(m, "tok_embeddings.weight")->storage) continue;
-      if (t->read() != emb)
-        throw Error(mf.path + ": lm_head.weight differs from tok_embeddings.weight, but " + c.name +
-                    " ties them");
+    if (e.tied_copy) {  // stored apart from the embedding: it must equal it
+      const SourceTensor* emb = get(m, "tok_embeddings.weight");
+      if (!t || t->storage == emb->storage) continue;
+      for (size_t i = 0, k, n = t->numel(); i < n; i += k) {
+        k = std::min(n - i, kLoadPiece);
+        x.resize(k), y.resize(k);
+        t->read(i, k, x.data());
+        emb->read(i, k, y.data());
+        if (x != y)
+          throw Error(mf.path + ": lm_head.weight differs from tok_embeddings.weight, but " +
+                      c.name + " ties them");
+      }
       continue;
     }
     if (!t) {  // the fused qkv, whose rows are the arena's own layout
       const std::string key = e.key.substr(0, e.key.find("attention.")) + kFused;
       if (!fused_done.insert(key).second) continue;
-      const std::vector<float> x = get(m, key)->read();
-      sink(e.offset, x.data(), x.size());
+      const SourceTensor* f = get(m, key);
+      copy(*f, 0, e.offset, f->numel());
       continue;
     }
-    const std::vector<float> x = t->read();
-    for (const ArenaRun& r : entry_runs(c, e)) sink(r.arena, x.data() + r.dense, r.n);
-    if (e.key == "tok_embeddings.weight" && c.tied && get(m, "lm_head.weight") &&
-        get(m, "lm_head.weight")->storage != t->storage)
-      emb = x;
+    for (const ArenaRun& r : entry_runs(c, e)) copy(*t, r.dense, r.arena, r.n);
   }
 }
 

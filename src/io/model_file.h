@@ -20,8 +20,14 @@ struct SourceTensor {
   std::vector<int64_t> shape;
   std::string dtype;    // torch's name: float32, bfloat16, float16, float64, int64, ...
   std::string storage;  // identity of the bytes: equal for entries that share them (ties)
-  std::function<std::vector<float>()> read;  // dense fp32 values
+  // its elements [begin, begin + n) in dense order, as fp32, into out
+  std::function<void(size_t begin, size_t n, float* out)> read;
+  size_t numel() const;
+  std::vector<float> read_all() const;  // all of them
 };
+
+// The longest piece of a tensor load_params reads and hands to its sink at once.
+constexpr size_t kLoadPiece = size_t(1) << 22;
 
 struct ModelFile {
   std::string path, kind;  // kind: "tiny-qwen3 checkpoint", "PyTorch state dict", "safetensors"
