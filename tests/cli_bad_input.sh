@@ -94,6 +94,35 @@ expect_error "init-from a folder without weights" train --init-from "$dir" $out
 cp -r "$dir/hf" "$dir/hf4"
 sed -i 's/"num_hidden_layers": 8/"num_hidden_layers": 4/' "$dir/hf4/config.json"
 expect_error "config.json that disagrees with the weights" check "$dir/hf4"
+# check of a model too large to evaluate in fp32 here: a sparse 32B safetensors file (65 GB
+# apparent, no blocks written), refused before a weight is read
+/usr/bin/python3 - "$dir/s32.safetensors" <<'PY'
+import json, sys
+# A sparse safetensors file with the 32B preset's tensors (bf16): its header, then a hole.
+V, C, L, H, KVH, D, F = 151936, 5120, 64, 64, 8, 128, 25600
+shapes = {"model.embed_tokens.weight": [V, C], "model.norm.weight": [C], "lm_head.weight": [V, C]}
+for l in range(L):
+    p = "model.layers.%d." % l
+    shapes.update({p + "self_attn.q_proj.weight": [H * D, C], p + "self_attn.k_proj.weight": [KVH * D, C],
+                   p + "self_attn.v_proj.weight": [KVH * D, C], p + "self_attn.o_proj.weight": [C, H * D],
+                   p + "self_attn.q_norm.weight": [D], p + "self_attn.k_norm.weight": [D],
+                   p + "mlp.gate_proj.weight": [F, C], p + "mlp.up_proj.weight": [F, C],
+                   p + "mlp.down_proj.weight": [C, F], p + "input_layernorm.weight": [C],
+                   p + "post_attention_layernorm.weight": [C]})
+hdr, off = {}, 0
+for name, shape in shapes.items():
+    n = 2
+    for s in shape: n *= s
+    hdr[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + n]}
+    off += n
+h = json.dumps(hdr).encode()
+h += b" " * (-len(h) % 8)
+with open(sys.argv[1], "wb") as f:
+    f.write(len(h).to_bytes(8, "little") + h)
+    f.truncate(8 + len(h) + off)
+PY
+expect_error "check of a model larger than memory" check "$dir/s32.safetensors"
+rm -f "$dir/s32.safetensors"
 expect_error "export format unknown" export "$dir/real.ckpt" --format onnx --out "$dir/x.onnx"
 expect_error "export to an unwritable folder" export "$dir/real.ckpt" --format pt --out /nonexistent/x.pt
 expect_error "export hf over a file" export "$dir/real.ckpt" --format hf --out "$dir/text.bin"

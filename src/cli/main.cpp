@@ -311,12 +311,28 @@ struct CheckArgs {
 int check(const CheckArgs& a) {
   cpu::set_threads(threads_for(a.threads));
   if (!a.save_logits.empty()) check_output_file(a.save_logits);
-  const Checkpoint ck = load_checkpoint(a.path);
+  int64_t T = 0;
+  // the weights in fp32 and the reference model's activations, before they are read
+  const Checkpoint ck = load_checkpoint(a.path, [&](const Checkpoint& h) {
+    const Config& c = preset(h.preset);
+    T = a.seq_len_given ? a.seq_len : h.rec.seq_len ? h.rec.seq_len : 32;
+    if (T < 1 || T > c.max_ctx)
+      throw Error("--seq-len must be in 1.." + std::to_string(c.max_ctx) + " for " + c.name +
+                  ", got " + std::to_string(T));
+    const double per_token = 3.0 * c.C + c.H + c.qkv_rows() + 2.0 * c.H * c.D + 2.0 * c.KVH * c.D +
+                             3.0 * c.F + 2.0 * c.V;
+    const double need = (double(make_layout(c).total) + double(T) * per_token) * sizeof(float);
+    const double have = available_memory_bytes();
+    if (need > have) {
+      char msg[240];
+      std::snprintf(msg, sizeof msg,
+                    "check evaluates in fp32: %s at T=%lld needs %.1f GiB, only %.1f GiB "
+                    "available in host memory",
+                    c.name.c_str(), (long long)T, need / (1 << 30), have / (1 << 30));
+      throw Error(msg);
+    }
+  });
   const Config& c = preset(ck.preset);
-  const int64_t T = a.seq_len_given ? a.seq_len : ck.rec.seq_len ? ck.rec.seq_len : 32;
-  if (T < 1 || T > c.max_ctx)
-    throw Error("--seq-len must be in 1.." + std::to_string(c.max_ctx) + " for " + c.name +
-                ", got " + std::to_string(T));
   const Batch batch = fixed_batch(1, T, c.V);
   int64_t correct = 0;
   std::vector<float> logits;

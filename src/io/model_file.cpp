@@ -580,7 +580,8 @@ std::string hf_name(const std::string& k) {
   return "model." + k.substr(0, dot + 1) + it->second;
 }
 
-Checkpoint load_checkpoint(const std::string& path) {
+Checkpoint load_checkpoint(const std::string& path,
+                           const std::function<void(const Checkpoint&)>& before_params) {
   const ModelFile mf = open_model_file(path);
   const Config& c = resolve_preset(mf, mf.preset);
   Checkpoint ck;
@@ -593,6 +594,7 @@ Checkpoint load_checkpoint(const std::string& path) {
       throw Error(path + ": seq_len " + std::to_string(ck.rec.seq_len) + " out of range for " +
                   c.name);
   }
+  if (before_params) before_params(ck);
   const ParamLayout layout = make_layout(c);
   ck.params.assign(layout.total, 0.f);
   load_params(mf, c, [&](size_t off, const float* x, size_t n) {

@@ -64,7 +64,9 @@ struct Checkpoint {
   TrainRecord rec;
   std::vector<float> params;  // make_layout(preset(preset)) order, fp32
 };
-// Any model file, whole, in fp32: for `check` and tests.
-Checkpoint load_checkpoint(const std::string& path);
+// Any model file, whole, in fp32: for `check` and tests. before_params, if set, sees the
+// checkpoint (all but its params) before the weights are read, and may refuse it.
+Checkpoint load_checkpoint(const std::string& path,
+                           const std::function<void(const Checkpoint&)>& before_params = {});
 
 }  // namespace tq
