@@ -606,6 +606,21 @@ TEST(Bf16, RoundsToNearestEven) {
 }  // namespace
 }  // namespace tq
 
+// lane_sum's order, written out: lane i % 16 summed in index order, then the lanes pairwise
+// (8 apart, 4, 2, 1); the vectorized build must give exactly these bits.
+TEST(LaneSum, SumsByLanesThenPairwise) {
+  std::vector<float> x(200);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = std::ldexp(std::sin(float(i) * 1.7f), int(i % 23) - 11);  // magnitudes 2^-11..2^11
+  for (int64_t n = 0; n <= 200; ++n) {
+    float acc[16] = {};
+    for (int64_t i = 0; i < n; ++i) acc[i % 16] += x[size_t(i)];
+    for (int w = 8; w > 0; w /= 2)
+      for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+    EXPECT_EQ(tq::cpu::lane_sum_for_tests(x.data(), n), acc[0]) << n;
+  }
+}
+
 // The vectorizable exp of the softmaxes and SwiGLU: within 2 ulp of std::exp over the
 // normal range, exact limits outside it.
 TEST(Exp, WithinTwoUlpOfStdExp) {

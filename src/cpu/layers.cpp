@@ -24,6 +24,9 @@ namespace tq::cpu {
 float exp_for_tests(float x) {
   return vexp(x);
 }
+float lane_sum_for_tests(const float* x, int64_t n) {
+  return lane_sum(n, [x](int64_t i) { return x[i]; });
+}
 
 static int g_threads = 1;
 
