@@ -9,6 +9,12 @@
 # RSS against the memory it plans (parameters, gradients, activations, scratch).
 # usage: bench/cpu_vs_torch.sh [THREADS] [STEPS] [WORKLOADS]   e.g. 2 10 "W1 W2"
 # ROUNDS=N (default 2): rounds per row, the fastest of each side reported (below).
+# Both sides run with glibc keeping freed memory (MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0
+# MALLOC_TRIM_THRESHOLD_ large): PyTorch frees its gradients and activations every step, and by
+# default glibc hands them back to the kernel, so that every step faults them in again; on a
+# VM where a fault costs ~10 us (the Zen 5 VM of stop 29: first touch of 128 MiB 329 ms, then
+# 4.5 ms) that made PyTorch's W1 fp32 step 407 ms instead of 86. tiny-qwen3 allocates before
+# step 0 and is unaffected. PEER_MALLOC=glibc measures with glibc's defaults instead.
 # OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, which some machines set to pin OpenBLAS to an older
 # kernel, are unset for both sides, as on a fresh machine; KEEP_OPENBLAS_ENV=1 keeps them.
 set -euo pipefail
@@ -42,13 +48,29 @@ fi
 # with torch's OpenMP threads); BLIS with OpenMP is the other option on Debian 12.
 blis=/usr/lib/x86_64-linux-gnu/blis-openmp
 [ -d "$blis" ] || echo "(libblis4-openmp not installed: PyTorch measured with libblas.so.3 only)"
+malloc_env=(MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736)
+[ "${PEER_MALLOC:-keep}" = glibc ] && malloc_env=()
+# Debian 12's BLIS (0.9) knows CPUs up to Zen 3 and Ice Lake: on newer ones (Zen 5: family 26)
+# it picks its portable 'generic' kernels (W2 fp32 products ~70 against ~360 GFLOP/s). Then
+# its AVX-512 ('skx') or AVX2 ('haswell') kernels are selected by BLIS_ARCH_TYPE (its arch_t).
+blis_arch=()
+if [ -d "$blis" ]; then
+  sub=$(BLIS_ARCH_DEBUG=1 LD_LIBRARY_PATH=$blis /usr/bin/python3 -c \
+    'import torch; a = torch.ones(8, 8); a @ a' 2>&1 | sed -n "s/.*sub-configuration '\([a-z0-9]*\)'.*/\1/p" | head -1)
+  if [ "$sub" = generic ]; then
+    if grep -qw avx512f /proc/cpuinfo; then blis_arch=(BLIS_ARCH_TYPE=0) sub=skx
+    elif grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then blis_arch=(BLIS_ARCH_TYPE=3) sub=haswell
+    fi
+    [ ${#blis_arch[@]} -gt 0 ] && echo "note: BLIS does not know this CPU; PyTorch's BLIS runs use its '$sub' kernels"
+  fi
+fi
 # A PyTorch configuration that runs past TORCH_TIMEOUT seconds (default 600; PyTorch's bf16 on
 # CPUs without AVX-512 BF16 takes minutes a step) is stopped and reported as a lower bound.
 torch_timeout=${TORCH_TIMEOUT:-600}
 torch_run() {  # dtype threads config B T -> median ms (fails when it times out)
   local lib=()
-  [ "$3" = blis ] && lib=(env LD_LIBRARY_PATH=$blis)
-  OMP_NUM_THREADS=$2 timeout "$torch_timeout" "${lib[@]}" /usr/bin/python3 \
+  [ "$3" = blis ] && lib=(LD_LIBRARY_PATH=$blis "${blis_arch[@]}")
+  OMP_NUM_THREADS=$2 timeout "$torch_timeout" env "${malloc_env[@]}" "${lib[@]}" /usr/bin/python3 \
     "$root/bench/torch_step.py" "$1" "$2" "$steps" "$4" "$5"
 }
 torch_best() {  # dtype B T -> "ms config", ms prefixed with ">" when every config timed out
@@ -67,7 +89,7 @@ torch_best() {  # dtype B T -> "ms config", ms prefixed with ">" when every conf
   if [ -n "$best" ]; then echo "$best"; else echo ">$bound"; fi
 }
 ours() {  # dtype B T -> "ms tokens/s GFLOP/s plan_MiB rss_MiB"
-  /usr/bin/time -v -o "$out/time" "$root/build/tiny-qwen3" train --dtype "$1" \
+  /usr/bin/time -v -o "$out/time" env "${malloc_env[@]}" "$root/build/tiny-qwen3" train --dtype "$1" \
     --threads "$threads" --steps "$((steps + 2))" --batch-size "$2" --seq-len "$3" \
     --output "$out/x.pt" >"$out/log" || true  # a too-short run "fails" to learn: still timed
   echo "$(sed -n 's/^speed: median step \([0-9.]*\) ms, \([0-9]*\) tokens\/s, \([0-9.]*\) GFLOP.*/\1 \2 \3/p' "$out/log")" \
