@@ -91,6 +91,7 @@ const Case kCases[] = {{1, 1, 1},
                        {24, 800, 40},
                        {7, 1600, 33},
                        {40, 64, 1000},
+                       {33, 48, 2600},  // few rows, many k blocks: split by k blocks
                        {257, 97, 129},
                        {300, 70, 40},     // short sums over more rows
                                           // than a block: C by rows
@@ -237,11 +238,9 @@ TEST(Gemm, RowBandsOverSeveralColumnBlocks) {
 TEST(Gemm, RowsTakenFromSlowerBandsGiveTheSameBits) {
   FOR_EACH_SET(set) {
     uint32_t seed = 500;
-    const Case cases[] = {{1000, 300, 200},
-                          {1000, 100, 700},
-                          {300, 2000, 100},
-                          {1000, 64, 1500},
-                          {200, 1100, 600}};  // (columns, sub-blocks)
+    const Case cases[] = {{1000, 300, 200}, {1000, 100, 700}, {300, 2000, 100},
+                          {1000, 64, 1500}, {200, 1100, 600},  // (columns, sub-blocks)
+                          {40, 300, 3000}};  // few rows, many k blocks: split by k blocks
     for (const Case& c : cases)
       for (Layout la : {Layout::kcontig, Layout::rcontig})
         for (int kind = 0; kind < 6; ++kind) {
@@ -297,22 +296,33 @@ TEST(Gemm, RowsTakenFromSlowerBandsGiveTheSameBits) {
 
 // The rounded store (bf16 runs' layer outputs) is the plain product rounded to bf16, bit for
 // bit: on the skinny path (bf16 weights), over several k blocks (rounded once, at the last),
-// accumulating, and on the empty sum.
+// accumulating, and on the empty sum; with few rows over many k blocks (split by k blocks)
+// the same bits at 1, 2 and 3 threads.
 TEST(Gemm, RoundedStoresAreTheRoundedProducts) {
   FOR_EACH_SET(set) {
     uint32_t seed = 300;
     for (int64_t M : {32, 150})
-      for (int64_t K : {0, 7, 256, 600})
-        for (int kind = 0; kind < 4; ++kind) {
+      for (int64_t K : {0, 7, 256, 600, 2600})
+        for (int kind = 0; kind < 8; ++kind) {
           const bool bf16 = kind & 1, acc = kind & 2;
           const auto gemm = bf16 ? set->bf16 : set->f32;
           const int64_t N = 70;
           const Operand A = make(M, K, Layout::kcontig, false, bf16, seed++);
-          const Operand B = make(N, K, Layout::kcontig, bf16, bf16, seed++);
+          // B's rows contiguous in k (the skinny path), or contiguous across rows (dx = dout W)
+          const Operand B =
+              make(N, K, kind & 4 ? Layout::rcontig : Layout::kcontig, bf16, bf16, seed++);
           const std::vector<double> c0 = test::randn(size_t(M * N), seed++);
           std::vector<float> plain(c0.begin(), c0.end()), rounded = plain;
           gemm(M, N, K, A.view, B.view, plain.data(), N, acc, 1.0f, cpu::Store::f32);
           gemm(M, N, K, A.view, B.view, rounded.data(), N, acc, 1.0f, cpu::Store::round);
+          for (int threads : {1, 3}) {
+            omp_set_num_threads(threads);
+            std::vector<float> again(c0.begin(), c0.end());
+            gemm(M, N, K, A.view, B.view, again.data(), N, acc, 1.0f, cpu::Store::round);
+            omp_set_num_threads(cpu::threads());
+            ASSERT_EQ(again, rounded)
+                << set->name << ": M=" << M << " K=" << K << ", " << threads << " threads";
+          }
           for (size_t i = 0; i < plain.size(); ++i)
             ASSERT_EQ(round_bf16(plain[i]), rounded[i])
                 << set->name << ": M=" << M << " K=" << K << " bf16 kind " << bf16 << " acc " << acc
@@ -331,12 +341,15 @@ TEST(Gemm, Bf16StoresAreTheRoundedProducts) {
     uint32_t seed = 500;
     for (int64_t M : {32, 150, 400})
       for (int64_t K : {0, 7, 256, 1100, 5000})
-        for (int kind = 0; kind < 4; ++kind) {
+        for (int kind = 0; kind < 8; ++kind) {
           const bool asrc = kind & 1;  // A in bf16 storage (the MLP's activations)
           const Layout la = kind & 2 ? Layout::rcontig : Layout::kcontig;
           const int64_t N = 70, ldc = N + 5;
           const Operand A = make(M, K, la, asrc, true, seed++);
-          const Operand B = make(N, K, Layout::kcontig, true, true, seed++);
+          // B's rows contiguous in k, or across rows (the weights of dx = dout W)
+          const Operand B =
+              make(N, K, kind & 4 ? Layout::rcontig : Layout::kcontig, true, true, seed++);
+          std::vector<uint16_t> one;
           for (int threads : {1, 3}) {
             omp_set_num_threads(threads);
             std::vector<float> want(size_t(M * N));
@@ -349,8 +362,11 @@ TEST(Gemm, Bf16StoresAreTheRoundedProducts) {
                 const uint16_t g = got[size_t(m * ldc + n)];
                 ASSERT_EQ(g, n < N ? f32_to_bf16(want[size_t(m * N + n)]) : 0xdead)
                     << set->name << ": M=" << M << " K=" << K << " bf16 A " << asrc << " layout "
-                    << int(la) << ", " << threads << " threads, at " << m << ", " << n;
+                    << int(la) << " kind " << kind << ", " << threads << " threads, at " << m
+                    << ", " << n;
               }
+            if (threads == 1) one = got;
+            ASSERT_EQ(got, one) << set->name << ": M=" << M << " K=" << K << ", 3 threads";
           }
           omp_set_num_threads(cpu::threads());
         }
