@@ -300,19 +300,22 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
         for (int64_t n = 0; n < N; ++n) C[m * ldc + n] = round_to_bf16(C[m * ldc + n]);
     return;
   }
+  // Called from inside a parallel loop (attention's blocks): this thread does it all, without
+  // the cost of entering a nested region.
+  const bool serial = omp_in_parallel() || omp_get_max_threads() == 1;
+  const int nthreads = serial ? 1 : omp_get_max_threads();
   // Few rows (dx = dout W at W1's 32 tokens) over many k blocks: the threads split the k
   // blocks, that is W's rows, not C's columns. Thread 0 sums its blocks in order (into C, or
-  // for a rounded store into T), the others each block apart, and the blocks are then added in
-  // k order and the sum stored as st says: the adds and the rounding one thread makes, so the
-  // same bits. Each thread then reads the rows of W that it updates in the SGD product that
+  // for bf16 storage into a buffer), the others each block apart, and the blocks are then added
+  // in k order and the sum stored as st says: the adds and the rounding one thread makes, so
+  // the same bits. Each thread then reads the rows of W that it updates in the SGD product that
   // follows (split by rows). Split by columns, half of the lines of W that a thread updated had
   // been read by the other core, and a store to a line the other core holds waits on it: on
   // the Zen 5 VM a pass updating 6 MiB in place ran at ~300 GB/s, or ~27 GB/s after the other
   // core had read it, and the W1 fp32 SGD products of qkv and w13 at half speed.
-  if (!omp_in_parallel() && omp_get_max_threads() > 1 && M <= MC && !accumulate && alpha == 1.0f &&
-      !SGD16) {
-    const int64_t KB = kc_for(S), nb = (S + KB - 1) / KB, nt = omp_get_max_threads();
-    if (nb >= 2 * nt) {
+  if (!serial && M <= MC && !accumulate && alpha == 1.0f && !SGD16) {
+    const int64_t KB = kc_for(S), nb = (S + KB - 1) / KB;
+    if (nb >= 2 * nthreads) {
       const int64_t per = per_slot(SL), kb = KB * per, ea = A.bf16 ? 2 : 4, eb = B.bf16 ? 2 : 4;
       const auto blk = [&](int64_t b) {  // block b's k range as views, and its length
         const int64_t k0 = b * kb;
@@ -321,42 +324,36 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
             View{static_cast<const char*>(B.p) + k0 * B.ks * eb, B.bf16, B.rs, B.ks},
             lo(kb, K - k0));
       };
-      std::vector<float*> parts(size_t(nt), nullptr);
-#pragma omp parallel num_threads(int(nt))
+      std::vector<float*> parts(size_t(nthreads), nullptr);
+#pragma omp parallel num_threads(nthreads)
       {
         const int t = omp_get_thread_num(), n = omp_get_num_threads();
         const int64_t b0 = nb * t / n, b1 = nb * (t + 1) / n;
-        // thread 0: its running sum (C itself when stored as fp32); others: their blocks
-        const int64_t words = t > 0 ? (b1 - b0) * M * N : st != Store::f32 ? M * N : 0;
+        // thread 0: its running sum (in C unless C is bf16); others: their blocks
+        const int64_t words = t > 0 ? (b1 - b0) * M * N : c16 ? M * N : 0;
         float* P = words ? reinterpret_cast<float*>(workspace(words, 1)) : nullptr;
         parts[size_t(t)] = P;
         for (int64_t b = b0; b < b1; ++b) {
           const auto [Ab, Bb, Kb] = blk(b);
-          if (t == 0 && !P)
-            gemm<Kern, BF>(M, N, Kb, Ab, Bb, C, ldc, b > 0, 1.0f, Store::f32);
+          if (t == 0)
+            gemm<Kern, BF>(M, N, Kb, Ab, Bb, c16 ? P : C, c16 ? N : ldc, b > 0, 1.0f, Store::f32);
           else
-            gemm<Kern, BF>(M, N, Kb, Ab, Bb, P + (t > 0 ? b - b0 : 0) * M * N, N, t == 0 && b > 0,
-                           1.0f, Store::f32);
+            gemm<Kern, BF>(M, N, Kb, Ab, Bb, P + (b - b0) * M * N, N, false, 1.0f, Store::f32);
         }
 #pragma omp barrier
-        alignas(64) float row[512];
-        for (int64_t m = M * t / n; m < M * (t + 1) / n; ++m)  // rows of C, blocks in k order
-          for (int64_t j0 = 0; j0 < N; j0 += 512) {
-            const int64_t nj = lo(512, N - j0);
-            float* c = st == Store::f32 ? C + m * ldc + j0 : row;
-            if (st != Store::f32) std::memcpy(row, parts[0] + m * N + j0, size_t(nj) * 4);
-            for (int u = 1; u < n; ++u)
-              for (int64_t b = nb * u / n; b < nb * (u + 1) / n; ++b) {
-                const float* p = parts[size_t(u)] + ((b - nb * u / n) * M + m) * N + j0;
+        for (int64_t m = M * t / n; m < M * (t + 1) / n; ++m) {  // rows of C, blocks in k order
+          float* c = c16 ? parts[0] + m * N : C + m * ldc;
+          for (int u = 1; u < n; ++u)
+            for (int64_t b = nb * u / n; b < nb * (u + 1) / n; ++b) {
+              const float* p = parts[size_t(u)] + ((b - nb * u / n) * M + m) * N;
 #pragma omp simd
-                for (int64_t j = 0; j < nj; ++j) c[j] = p[j] + c[j];
-              }
-            if (st == Store::round)
-              for (int64_t j = 0; j < nj; ++j) C[m * ldc + j0 + j] = round_to_bf16(row[j]);
-            else if (st == Store::bf16)
-              store_rounded(reinterpret_cast<uint16_t*>(C) + m * ldc + j0, ldc, row, 512, 1,
-                            int(nj));
-          }
+              for (int64_t j = 0; j < N; ++j) c[j] = p[j] + c[j];
+            }
+          if (st == Store::round)
+            for (int64_t j = 0; j < N; ++j) c[j] = round_to_bf16(c[j]);
+          else if (c16)
+            store_rounded(reinterpret_cast<uint16_t*>(C) + m * ldc, ldc, c, N, 1, int(N));
+        }
       }
       return;
     }
@@ -385,10 +382,6 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   // partial sums in Tp, as for finish), so that B sub-panels stay in L1 across their tiles.
   const bool split = whole && !finish && S > KCMAX;
   const int64_t per_thread = (MC + NCB) * KCB + (finish || split ? MC * NCB : 0);
-  // Called from inside a parallel loop (attention's blocks): this thread does it all, without
-  // the cost of entering a nested region.
-  const bool serial = omp_in_parallel() || omp_get_max_threads() == 1;
-  const int nthreads = serial ? 1 : omp_get_max_threads();
   uint32_t* ws = workspace(per_thread * nthreads);
   // Each thread owns a band of C (columns, or rows when there are more rows) and runs the
   // blocked product on it with its own packing buffers: no barriers, and B or A is packed
