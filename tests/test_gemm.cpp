@@ -229,6 +229,43 @@ TEST(Gemm, RowBandsOverSeveralColumnBlocks) {
   }
 }
 
+// The backward with the fp32 SGD step fused (matmul_backward_sgd) is its two products bit for bit:
+// dx = dout W, then W = fma(doutᵀ x, -lr, W), at 1 thread against 1, 2, 3 and 5 threads. Shapes
+// taken by chunks of W's columns (wo and w2 at W1's 32 tokens; a short last chunk; W of several
+// k blocks, too few to split), and the two products as they are (W's rows split into k blocks,
+// fewer chunks than threads, more tokens than one block of rows, odd sizes).
+TEST(Gemm, FusedDxAndSgdStepAreTheTwoProducts) {
+  FOR_EACH_SET(set) {
+    uint32_t seed = 700;
+    const Case cases[] = {{32, 256, 2048}, {32, 256, 1030},  {32, 600, 2048}, {32, 256, 300},
+                          {32, 4096, 256}, {150, 256, 1024}, {5, 100, 777},   {1, 7, 513}};
+    for (const Case& c : cases) {  // M tokens, N = OC, K = IC
+      const int64_t M = c.M, OC = c.N, IC = c.K;
+      const std::vector<double> d0 = test::randn(size_t(M * OC), seed++),
+                                x0 = test::randn(size_t(M * IC), seed++),
+                                w0 = test::randn(size_t(OC * IC), seed++);
+      const std::vector<float> dout(d0.begin(), d0.end()), x(x0.begin(), x0.end());
+      std::vector<float> W(w0.begin(), w0.end()), dx(size_t(M * IC));
+      omp_set_num_threads(1);
+      set->f32(M, IC, OC, {dout.data(), false, OC, 1}, {W.data(), false, 1, IC}, dx.data(), IC,
+               false, 1.0f, cpu::Store::f32);
+      set->f32(OC, IC, M, {dout.data(), false, 1, OC}, {x.data(), false, 1, IC}, W.data(), IC, true,
+               -0.01f, cpu::Store::f32);
+      for (int threads : {1, 2, 3, 5}) {
+        omp_set_num_threads(threads);
+        std::vector<float> W2(w0.begin(), w0.end()), dx2(dx.size(), 1e30f);
+        set->f32_dx_sgd(M, OC, IC, dout.data(), x.data(), W2.data(), dx2.data(), 0.01f);
+        omp_set_num_threads(cpu::threads());
+        const std::string what = std::string(set->name) + ": M=" + std::to_string(M) +
+                                 " OC=" + std::to_string(OC) + " IC=" + std::to_string(IC) + ", " +
+                                 std::to_string(threads) + " threads";
+        ASSERT_EQ(dx2, dx) << what << ": dx";
+        ASSERT_EQ(W2, W) << what << ": W";
+      }
+    }
+  }
+}
+
 // A thread done with its band takes rows of another band's last block (with that band's
 // packed B): more threads than cores (descheduled threads finish late, so others take their
 // rows) must give the bits of one thread, on every kind of block. Split by rows (one block;

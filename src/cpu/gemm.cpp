@@ -59,6 +59,7 @@ const GemmSet* gemm_set(Isa isa) {
       avx512::kernels.f32,
       avx2::kernels.bf16,
       avx2::kernels.bf16_sgd,
+      avx512::kernels.f32_dx_sgd,
       {avx512::kernels.attn_fwd[0], avx2::kernels.attn_fwd[1], avx2::kernels.attn_fwd[2]},
       {avx512::kernels.attn_bwd[0], avx2::kernels.attn_bwd[1], avx2::kernels.attn_bwd[2]}};
   if (isa == Isa::avx512)
@@ -92,6 +93,12 @@ void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W,
                    float lr) {
   if (!active()) std::abort();
   active()->bf16_sgd(M, N, K, A, B, W, ldw, lr);
+}
+
+void gemm_f32_dx_sgd(int64_t M, int64_t OC, int64_t IC, const float* dout, const float* x, float* W,
+                     float* dx, float lr) {
+  if (!active()) std::abort();
+  active()->f32_dx_sgd(M, OC, IC, dout, x, W, dx, lr);
 }
 
 void attention_forward_kernels(bool bf16, bool h16, float* out, float* lse, const float* q,

@@ -156,8 +156,7 @@ void matmul_backward(float* dx, float* dW, const float* dout, const float* x, co
 }
 void matmul_backward_sgd(float* dx, float* W, const float* dout, const float* x, int64_t N,
                          int64_t IC, int64_t OC, float lr) {
-  gemm_f32(N, IC, OC, {dout, false, OC, 1}, {W, false, 1, IC}, dx, IC, false);
-  gemm_f32(OC, IC, N, {dout, false, 1, OC}, {x, false, 1, IC}, W, IC, true, -lr);
+  gemm_f32_dx_sgd(N, OC, IC, dout, x, W, dx, lr);
 }
 // A bf16 activation as a product operand (row stride rs, k stride ks), and how an output is stored
 static View view(Act a, int64_t rs, int64_t ks) {
