@@ -229,40 +229,63 @@ TEST(Gemm, RowBandsOverSeveralColumnBlocks) {
   }
 }
 
-// The backward with the fp32 SGD step fused (matmul_backward_sgd) is its two products bit for bit:
-// dx = dout W, then W = fma(doutᵀ x, -lr, W), at 1 thread against 1, 2, 3 and 5 threads. Shapes
-// taken by chunks of W's columns (wo and w2 at W1's 32 tokens; a short last chunk; W of several
-// k blocks, too few to split), and the two products as they are (W's rows split into k blocks,
-// fewer chunks than threads, more tokens than one block of rows, odd sizes).
+// The backward with the SGD step fused (matmul_backward_sgd, _bf16w) is its two products bit for
+// bit: dx = dout W, then the SGD step on W, at 1 thread against 1, 2, 3 and 5 threads; fp32, and
+// the bf16 kind with bf16 weights, dx stored in each way, dout and x in fp32 or bf16 storage.
+// Shapes taken by chunks of W's columns (wo and w2 at W1's 32 tokens; a short last chunk; W of
+// several k blocks, too few to split), and the two products as they are (W's rows split into k
+// blocks, fewer chunks than threads, more tokens than one block of rows, odd sizes).
 TEST(Gemm, FusedDxAndSgdStepAreTheTwoProducts) {
   FOR_EACH_SET(set) {
     uint32_t seed = 700;
     const Case cases[] = {{32, 256, 2048}, {32, 256, 1030},  {32, 600, 2048}, {32, 256, 300},
                           {32, 4096, 256}, {150, 256, 1024}, {5, 100, 777},   {1, 7, 513}};
-    for (const Case& c : cases) {  // M tokens, N = OC, K = IC
-      const int64_t M = c.M, OC = c.N, IC = c.K;
-      const std::vector<double> d0 = test::randn(size_t(M * OC), seed++),
-                                x0 = test::randn(size_t(M * IC), seed++),
-                                w0 = test::randn(size_t(OC * IC), seed++);
-      const std::vector<float> dout(d0.begin(), d0.end()), x(x0.begin(), x0.end());
-      std::vector<float> W(w0.begin(), w0.end()), dx(size_t(M * IC));
-      omp_set_num_threads(1);
-      set->f32(M, IC, OC, {dout.data(), false, OC, 1}, {W.data(), false, 1, IC}, dx.data(), IC,
-               false, 1.0f, cpu::Store::f32);
-      set->f32(OC, IC, M, {dout.data(), false, 1, OC}, {x.data(), false, 1, IC}, W.data(), IC, true,
-               -0.01f, cpu::Store::f32);
-      for (int threads : {1, 2, 3, 5}) {
-        omp_set_num_threads(threads);
-        std::vector<float> W2(w0.begin(), w0.end()), dx2(dx.size(), 1e30f);
-        set->f32_dx_sgd(M, OC, IC, dout.data(), x.data(), W2.data(), dx2.data(), 0.01f);
-        omp_set_num_threads(cpu::threads());
-        const std::string what = std::string(set->name) + ": M=" + std::to_string(M) +
-                                 " OC=" + std::to_string(OC) + " IC=" + std::to_string(IC) + ", " +
-                                 std::to_string(threads) + " threads";
-        ASSERT_EQ(dx2, dx) << what << ": dx";
-        ASSERT_EQ(W2, W) << what << ": W";
+    for (const Case& c : cases)  // M tokens, N = OC, K = IC
+      for (int kind = 0; kind < 5; ++kind) {
+        // 0: fp32; bf16 kind: 1-3 dx stored f32, rounded, bf16 (activations in fp32); 4: dx, dout
+        // and x in bf16 storage
+        const int64_t M = c.M, OC = c.N, IC = c.K;
+        const bool bf = kind > 0, h16 = kind == 4;
+        const cpu::Store st = kind == 1   ? cpu::Store::f32
+                              : kind == 2 ? cpu::Store::round
+                                          : cpu::Store::bf16;
+        const Operand dout = make(M, OC, Layout::kcontig, h16, bf, seed++);
+        const Operand xT = make(IC, M, Layout::rcontig, h16, bf, seed++);  // x [M, IC] as [IC, M]
+        const cpu::View dT{dout.view.p, h16, 1, OC};
+        const std::vector<double> w0 = test::randn(size_t(OC * IC), seed++);
+        std::vector<float> W(w0.begin(), w0.end()), dx(size_t(M * IC), 1e30f);  // (as dx2)
+        std::vector<uint16_t> W16(W.size());
+        for (size_t i = 0; i < W.size(); ++i) W16[i] = f32_to_bf16(W[i]);
+        omp_set_num_threads(1);
+        if (!bf) {
+          set->f32(M, IC, OC, dout.view, {W.data(), false, 1, IC}, dx.data(), IC, false, 1.0f,
+                   cpu::Store::f32);
+          set->f32(OC, IC, M, dT, xT.view, W.data(), IC, true, -0.01f, cpu::Store::f32);
+        } else {
+          set->bf16(M, IC, OC, dout.view, {W16.data(), true, 1, IC}, dx.data(), IC, false, 1.0f,
+                    st);
+          set->bf16_sgd(OC, IC, M, dT, xT.view, W16.data(), IC, 0.01f);
+        }
+        for (int threads : {1, 2, 3, 5}) {
+          omp_set_num_threads(threads);
+          std::vector<float> W2(w0.begin(), w0.end()), dx2(dx.size(), 1e30f);
+          std::vector<uint16_t> W216(W2.size());
+          for (size_t i = 0; i < W2.size(); ++i) W216[i] = f32_to_bf16(W2[i]);
+          if (!bf)
+            set->f32_dx_sgd(M, OC, IC, static_cast<const float*>(dout.view.p),
+                            static_cast<const float*>(xT.view.p), W2.data(), dx2.data(), 0.01f);
+          else
+            set->bf16_dx_sgd(M, OC, IC, dout.view, dT, xT.view, W216.data(), dx2.data(), st, 0.01f);
+          omp_set_num_threads(cpu::threads());
+          const std::string what = std::string(set->name) + ": M=" + std::to_string(M) +
+                                   " OC=" + std::to_string(OC) + " IC=" + std::to_string(IC) +
+                                   " kind " + std::to_string(kind) + ", " +
+                                   std::to_string(threads) + " threads";
+          ASSERT_EQ(dx2, dx) << what << ": dx";
+          ASSERT_EQ(W2, W) << what << ": W";
+          ASSERT_EQ(W216, W16) << what << ": W (bf16)";
+        }
       }
-    }
   }
 }
 

@@ -60,6 +60,7 @@ const GemmSet* gemm_set(Isa isa) {
       avx2::kernels.bf16,
       avx2::kernels.bf16_sgd,
       avx512::kernels.f32_dx_sgd,
+      avx2::kernels.bf16_dx_sgd,
       {avx512::kernels.attn_fwd[0], avx2::kernels.attn_fwd[1], avx2::kernels.attn_fwd[2]},
       {avx512::kernels.attn_bwd[0], avx2::kernels.attn_bwd[1], avx2::kernels.attn_bwd[2]}};
   if (isa == Isa::avx512)
@@ -99,6 +100,12 @@ void gemm_f32_dx_sgd(int64_t M, int64_t OC, int64_t IC, const float* dout, const
                      float* dx, float lr) {
   if (!active()) std::abort();
   active()->f32_dx_sgd(M, OC, IC, dout, x, W, dx, lr);
+}
+
+void gemm_bf16_dx_sgd(int64_t M, int64_t OC, int64_t IC, View dout, View doutT, View x, uint16_t* W,
+                      void* dx, Store st, float lr) {
+  if (!active()) std::abort();
+  active()->bf16_dx_sgd(M, OC, IC, dout, doutT, x, W, dx, st, lr);
 }
 
 void attention_forward_kernels(bool bf16, bool h16, float* out, float* lse, const float* q,

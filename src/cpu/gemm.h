@@ -31,6 +31,8 @@ using GemmSgdFn = void (*)(int64_t M, int64_t N, int64_t K, View A, View B, uint
                            int64_t ldw, float lr);
 using GemmDxSgdFn = void (*)(int64_t M, int64_t OC, int64_t IC, const float* dout, const float* x,
                              float* W, float* dx, float lr);
+using GemmDxSgd16Fn = void (*)(int64_t M, int64_t OC, int64_t IC, View dout, View doutT, View x,
+                               uint16_t* W, void* dx, Store st, float lr);
 using AttnFwdFn = void (*)(float* out, float* lse, const float* q, const float* k, const float* v,
                            int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
 using AttnBwdFn = void (*)(float* dq, float* dk, float* dv, const float* dout, const float* out,
@@ -40,7 +42,8 @@ struct GemmSet {
   const char* name;  // "avx512_bf16", "avx512", "avx2"
   GemmFn f32, bf16;
   GemmSgdFn bf16_sgd;
-  GemmDxSgdFn f32_dx_sgd;  // gemm_f32_dx_sgd
+  GemmDxSgdFn f32_dx_sgd;     // gemm_f32_dx_sgd
+  GemmDxSgd16Fn bf16_dx_sgd;  // gemm_bf16_dx_sgd
   // causal attention (cpu/attention_driver.h): [0] f32, [1] bf16 kind, [2] bf16 kind with its
   // activations (q, k, v, out and their gradients) in bf16 storage (the pointers hold uint16_t)
   AttnFwdFn attn_fwd[3];
@@ -66,11 +69,17 @@ void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, void* C, int64_t
 void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, int64_t ldw,
                    float lr);
 
-// The backward of out = x Wᵀ (fp32, W[OC, IC], M tokens) with the SGD step fused: dx[M, IC] =
-// dout W, then W = fma(sum, -lr, W) over doutᵀ x; the bits of gemm_f32 for dx, then for W with
-// accumulate and alpha -lr (taken in one pass over W where that is faster).
+// The backward of out = x Wᵀ (W[OC, IC], M tokens) with the SGD step fused, as two products
+// (taken in one pass over W where that is faster, with the same bits):
+//   fp32: dx[M, IC] = dout W, then W = fma(sum, -lr, W) over doutᵀ x (gemm_f32 for dx, then for
+//         W with accumulate and alpha -lr);
+//   bf16 kind: dx = dout W stored as st says (dx: uint16_t for Store::bf16), then
+//         gemm_bf16_sgd(OC, IC, M, doutT, x, W, IC, lr). dout: [M, OC], doutT the same as
+//         [OC, M]; x: [IC, M] (x's columns as rows).
 void gemm_f32_dx_sgd(int64_t M, int64_t OC, int64_t IC, const float* dout, const float* x, float* W,
                      float* dx, float lr);
+void gemm_bf16_dx_sgd(int64_t M, int64_t OC, int64_t IC, View dout, View doutT, View x, uint16_t* W,
+                      void* dx, Store st, float lr);
 
 // Causal attention of cpu/layers.h on these kernels (bf16: the bf16 kind's products, P and dS
 // rounded to bf16 as they are made, and out, dq, dk, dv stored rounded to bf16; h16: with

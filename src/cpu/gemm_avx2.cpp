@@ -550,6 +550,7 @@ extern const GemmSet kernels = {
     gemm_entry<true>,
     gemm_sgd16<Kern>,
     gemm_dx_sgd<gemm_entry<false>, false>,
+    gemm_dx_sgd16<gemm_entry<true>, gemm_sgd16<Kern>, per_slot(Kern::kBf16Slot), false>,
     {attn_forward<Kern, false>, attn_forward<Kern, true>, attn_forward<Kern, true, true>},
     {attn_backward<Kern, false>, attn_backward<Kern, true>, attn_backward<Kern, true, true>}};
 }  // namespace avx2

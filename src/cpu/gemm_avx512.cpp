@@ -502,6 +502,7 @@ extern const GemmSet kernels = {
     gemm<Kern, true>,
     gemm_sgd16<Kern>,
     gemm_dx_sgd<gemm<Kern, false>, true>,
+    gemm_dx_sgd16<gemm<Kern, true>, gemm_sgd16<Kern>, per_slot(Kern::kBf16Slot), true>,
     {attn_forward<Kern, false>, attn_forward<Kern, true>, attn_forward<Kern, true, true>},
     {attn_backward<Kern, false>, attn_backward<Kern, true>, attn_backward<Kern, true, true>}};
 }  // namespace avx512

@@ -640,39 +640,55 @@ void gemm_sgd16(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, in
   gemm<Kern, true, true>(M, N, K, A, B, reinterpret_cast<float*>(W), ldw, true, alpha, Store::f32);
 }
 
-// gemm_f32_dx_sgd. With few tokens (W1's 32), dx = dout W splits W's columns between the threads
-// where W has too few rows to split them into k blocks (wo, w2: 256 rows), and so does the SGD
-// product after it. Then each thread takes both products a chunk of columns at a time, so that
-// the SGD step updates lines of W that its core has just read for dx (in L2). Over the whole of
-// W one after the other, the SGD products of wo and w2 in a W1 fp32 backward ran ~1.5x slower
-// than alone, and only ~1.3x faster on 2 threads than on 1 (on the Zen 5 VM). By chunks, the
-// step's matmul_backward_sgd took 15.0-15.8 instead of 17.5-17.9 ms, the step 28-30 instead of
-// 31.5 ms. (qkv and w13, W's rows split, measured slower by chunks.) The same sums: same bits.
+// gemm_f32_dx_sgd, gemm_bf16_dx_sgd. With few tokens (W1's 32), dx = dout W splits W's columns
+// between the threads where W has too few rows to split them into k blocks (nb of them; wo, w2:
+// 256 rows), and so does the SGD product after it. Then each thread takes both products a chunk
+// of columns at a time, so that the SGD step updates lines of W that its core has just read for
+// dx (in L2). Over the whole of W one after the other, the SGD products of wo and w2 in a W1
+// fp32 backward ran ~1.5x slower than alone, and only ~1.3x faster on 2 threads than on 1 (on
+// the Zen 5 VM). By chunks, the step's matmul_backward_sgd took 15.0-15.8 instead of 17.5-17.9
+// ms, the step 28-30 instead of 31.5 ms. (qkv and w13, W's rows split, measured slower by
+// chunks.) The same sums: the same bits. both(c0, cn): the two products on columns c0..c0+cn.
+template <class Both>
+void dx_sgd(int64_t M, int64_t nb, int64_t IC, const Both& both) {
+  const bool serial = omp_in_parallel() || omp_get_max_threads() == 1;
+  const int nthreads = serial ? 1 : omp_get_max_threads();
+  constexpr int64_t CB = 256;  // columns per chunk: W's rows x CB in L2 between the two products
+  const int64_t chunks = (IC + CB - 1) / CB;
+  if (serial || M > MC || nb >= 2 * nthreads || chunks < nthreads) return both(0, IC);
+#pragma omp parallel num_threads(nthreads)
+  {
+    const int t = omp_get_thread_num(), n = omp_get_num_threads();
+    for (int64_t c = chunks * t / n; c < chunks * (t + 1) / n; ++c)
+      both(c * CB, lo(CB, IC - c * CB));
+  }
+}
 // F: the set's fp32 product; kChunks: whether to take it by chunks as above (the AVX2 set's dx at
 // few tokens is gemm_wt, split its own way: not measured there, so not chunked).
 template <GemmFn F, bool kChunks>
 void gemm_dx_sgd(int64_t M, int64_t OC, int64_t IC, const float* dout, const float* x, float* W,
                  float* dx, float lr) {
-  const View d{dout, false, OC, 1}, dt{dout, false, 1, OC};
-  const bool serial = omp_in_parallel() || omp_get_max_threads() == 1;
-  const int nthreads = serial ? 1 : omp_get_max_threads();
-  constexpr int64_t CB = 256;  // columns per chunk: W's OC x CB in L2 between the two products
-  const int64_t nb = (OC + KCMAX - 1) / KCMAX, chunks = (IC + CB - 1) / CB;
-  if (!kChunks || serial || M > MC || nb >= 2 * nthreads ||
-      chunks < nthreads) {  // as gemm() splits
-    F(M, IC, OC, d, {W, false, 1, IC}, dx, IC, false, 1.0f, Store::f32);
-    F(OC, IC, M, dt, {x, false, 1, IC}, W, IC, true, -lr, Store::f32);
-    return;
-  }
-#pragma omp parallel num_threads(nthreads)
-  {
-    const int t = omp_get_thread_num(), n = omp_get_num_threads();
-    for (int64_t c = chunks * t / n; c < chunks * (t + 1) / n; ++c) {
-      const int64_t c0 = c * CB, cn = lo(CB, IC - c0);
-      F(M, cn, OC, d, {W + c0, false, 1, IC}, dx + c0, IC, false, 1.0f, Store::f32);
-      F(OC, cn, M, dt, {x + c0, false, 1, IC}, W + c0, IC, true, -lr, Store::f32);
-    }
-  }
+  const auto both = [&](int64_t c0, int64_t cn) {
+    F(M, cn, OC, {dout, false, OC, 1}, {W + c0, false, 1, IC}, dx + c0, IC, false, 1.0f,
+      Store::f32);
+    F(OC, cn, M, {dout, false, 1, OC}, {x + c0, false, 1, IC}, W + c0, IC, true, -lr, Store::f32);
+  };
+  if (!kChunks) return both(0, IC);
+  dx_sgd(M, (OC + KCMAX - 1) / KCMAX, IC, both);
+}
+// The bf16 kind: F its product, FS its SGD step, per its k slot's width (kChunks as above).
+template <GemmFn F, GemmSgdFn FS, int64_t per, bool kChunks>
+void gemm_dx_sgd16(int64_t M, int64_t OC, int64_t IC, View d, View dt, View x, uint16_t* W,
+                   void* dx, Store st, float lr) {
+  const auto both = [&](int64_t c0, int64_t cn) {
+    float* dc = st == Store::bf16 ? reinterpret_cast<float*>(static_cast<uint16_t*>(dx) + c0)
+                                  : static_cast<float*>(dx) + c0;
+    const View xc{static_cast<const char*>(x.p) + c0 * x.rs * (x.bf16 ? 2 : 4), x.bf16, x.rs, x.ks};
+    F(M, cn, OC, d, {W + c0, true, 1, IC}, dc, IC, false, 1.0f, st);
+    FS(OC, cn, M, dt, xc, W + c0, IC, lr);
+  };
+  if (!kChunks) return both(0, IC);
+  dx_sgd(M, ((OC + per - 1) / per + KCMAX - 1) / KCMAX, IC, both);
 }
 
 }  // namespace

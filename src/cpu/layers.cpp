@@ -175,8 +175,8 @@ void matmul_backward_bf16w(Act dx, float* dW, Act dout, Act x, const uint16_t* W
 }
 void matmul_backward_sgd_bf16w(Act dx, uint16_t* W, Act dout, Act x, int64_t N, int64_t IC,
                                int64_t OC, float lr) {
-  gemm_bf16(N, IC, OC, view(dout, OC, 1), {W, true, 1, IC}, dx.p, IC, false, 1.0f, store(dx));
-  gemm_bf16_sgd(OC, IC, N, view(dout, 1, OC), view(x, 1, IC), W, IC, lr);
+  gemm_bf16_dx_sgd(N, OC, IC, view(dout, OC, 1), view(dout, 1, OC), view(x, 1, IC), W, dx.p,
+                   store(dx), lr);
 }
 
 void qkv_split_forward(float* q, float* k, float* v, const float* qkv, int64_t N, int64_t H,
