@@ -307,8 +307,9 @@ enum class ASrc { packed, rows, cols };
 
 // The micro-kernel of gemm_driver.h; SGD16: C is a bf16 weight taking the step above.
 // BIP: B in place instead of packed, slot s at B + s * ldb (fp32 rows of a matrix: masked to
-// nr columns at its edge).
-template <bool BF, bool SGD16 = false, ASrc AS = ASrc::packed, bool BIP = false>
+// nr columns at its edge). RT: the rows it sums (mr <= RT), MR or, for a tile of at most 8
+// rows, 8 (W1's 32 tokens are tiles of 12, 12 and 8 rows in dx = dout W: -11 % FMAs there).
+template <bool BF, bool SGD16 = false, ASrc AS = ASrc::packed, bool BIP = false, int RT = MR>
 void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
            int64_t ldc, int mr, int nr, bool acc, float alpha, const float* init = nullptr,
            int64_t ldi = 0, const char* const* pf = nullptr, int npf = 0, int64_t lda = 0,
@@ -319,9 +320,9 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
   const __mmask16 m1 = nr >= 32  ? __mmask16(0xffff)
                        : nr > 16 ? __mmask16((1u << (nr - 16)) - 1)
                                  : 0;
-  __m512 c0[MR], c1[MR];
+  __m512 c0[RT], c1[RT];
 #pragma GCC unroll 12
-  for (int r = 0; r < MR; ++r) {
+  for (int r = 0; r < RT; ++r) {
     c0[r] = c1[r] = _mm512_setzero_ps();
     if (init && r < mr) {
       c0[r] = _mm512_maskz_loadu_ps(m0, init + r * ldi);
@@ -352,7 +353,7 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
     }
     if (s < npf) _mm_prefetch(pf[s], _MM_HINT_T1);
 #pragma GCC unroll 12
-    for (int r = 0; r < MR; ++r) {
+    for (int r = 0; r < RT; ++r) {
       const __m512i a = _mm512_set1_epi32(int(AS == ASrc::rows   ? ar[r][s]
                                               : AS == ASrc::cols ? A[s * lda + r]
                                                                  : A[s * MR + r]));
@@ -364,7 +365,7 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
     const __m512i halves = _mm512_load_si512(sgd_halves);
     const __mmask32 m = nr >= 32 ? ~__mmask32(0) : (__mmask32(1) << nr) - 1;
 #pragma GCC unroll 12
-    for (int r = 0; r < MR; ++r) {
+    for (int r = 0; r < RT; ++r) {
       if (r >= mr) break;
       sgd_row(reinterpret_cast<uint16_t*>(C) + r * ldc, m, c0[r], c1[r], _mm512_set1_ps(alpha),
               halves);
@@ -372,7 +373,7 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
     return;
   }
 #pragma GCC unroll 12
-  for (int r = 0; r < MR; ++r) {
+  for (int r = 0; r < RT; ++r) {
     if (r >= mr) break;
     float* cr = C + r * ldc;
     if (acc && alpha != 1.0f) {  // one rounding, as the SGD update w -= lr * g compiles
@@ -416,6 +417,9 @@ struct Kern {
   static void micro(int64_t S, const uint32_t* A, const uint32_t* B, float* C, int64_t ldc, int mr,
                     int nr, bool acc, float alpha, const float* init, int64_t ldi,
                     const char* const* pf, int npf, Store st = Store::f32) {
+    if (mr <= 8)
+      return cpu::micro<SL == Slot::bf16x2, SGD16, ASrc::packed, false, 8>(
+          S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf, 0, st);
     cpu::micro<SL == Slot::bf16x2, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf,
                                           0, st);
   }
@@ -465,9 +469,13 @@ struct Kern {
   static void micro_bip(int64_t S, const uint32_t* A, const float* B, int64_t ldb, float* C,
                         int64_t ldc, int mr, int nr, bool acc, const char* const* pf, int npf,
                         bool rnd) {
-    cpu::micro<false, false, ASrc::packed, true>(S, A, reinterpret_cast<const uint32_t*>(B), C, ldc,
-                                                 mr, nr, acc, 1.0f, nullptr, 0, pf, npf, 0,
-                                                 rnd ? Store::round : Store::f32, ldb);
+    const auto b = reinterpret_cast<const uint32_t*>(B);
+    const Store st = rnd ? Store::round : Store::f32;
+    if (mr <= 8)
+      return cpu::micro<false, false, ASrc::packed, true, 8>(S, A, b, C, ldc, mr, nr, acc, 1.0f,
+                                                             nullptr, 0, pf, npf, 0, st, ldb);
+    cpu::micro<false, false, ASrc::packed, true>(S, A, b, C, ldc, mr, nr, acc, 1.0f, nullptr, 0, pf,
+                                                 npf, 0, st, ldb);
   }
   // dst[0..n) = src (rnd: rounded to bf16), the 64-byte lines past the caches: results written
   // once, a few lines each far apart, and read only by a later kernel (attention's dK, dV),
