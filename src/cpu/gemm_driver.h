@@ -183,6 +183,11 @@ int64_t kc_for(int64_t S) {
   const int64_t nb = (S + KCMAX - 1) / KCMAX;
   return ((S + nb - 1) / nb + 7) / 8 * 8;
 }
+// How many blocks of kc_for(S) slots S slots make.
+int64_t k_blocks(int64_t S) {
+  const int64_t kc = kc_for(S);
+  return (S + kc - 1) / kc;
+}
 
 // C[M, N] = A Bᵀ with few rows in A (W1's 32 tokens) and B's rows contiguous in k (the
 // weights of out = x Wᵀ, fp32 or bf16): the roles swap, Cᵀ = B Aᵀ, so that the kernel
@@ -198,7 +203,7 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int6
   constexpr int64_t per = per_slot(SL);  // K is a multiple of it (Kern::in_place)
   const int64_t S = K / per, KCB = kc_for(S), np = (M + NR - 1) / NR, es = B.bf16 ? 2 : 4;
   uint32_t* Ap = workspace(np * NR * S);  // per k block pc: panels jr at Ap + pc*np*NR + jr*kc
-  const int64_t nb = (S + KCB - 1) / KCB;
+  const int64_t nb = k_blocks(S);
   const auto pack_a = [&](int64_t b0, int64_t b1) {  // k blocks [b0, b1)
     for (int64_t pc = b0 * KCB; pc < lo(S, b1 * KCB); pc += KCB)
       for (int64_t jr = 0; jr < M; jr += NR)
@@ -236,12 +241,14 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int6
   // A wide x (wo, w2: 256-384 KiB at W1) is packed by the threads, a share of its k blocks each
   // (W1 fp32 forward of w2 -17 %, wo -7 %)
   const bool serial = omp_in_parallel() || omp_get_max_threads() == 1;
-  if (serial || nb < omp_get_max_threads()) pack_a(0, nb);
+  const int nthreads = serial ? 1 : omp_get_max_threads();
+  const bool shared_pack = nb >= nthreads && !serial;
+  if (!shared_pack) pack_a(0, nb);
   if (serial) return band(0, 1);
-#pragma omp parallel
+#pragma omp parallel num_threads(nthreads)
   {
     const int t = omp_get_thread_num(), n = omp_get_num_threads();
-    if (nb >= n) {
+    if (shared_pack) {
       pack_a(nb * t / n, nb * (t + 1) / n);
 #pragma omp barrier
     }
@@ -328,7 +335,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   // the Zen 5 VM a pass updating 6 MiB in place ran at ~300 GB/s, or ~27 GB/s after the other
   // core had read it, and the W1 fp32 SGD products of qkv and w13 at half speed.
   if (!serial && M <= MC && !accumulate && alpha == 1.0f && !SGD16) {
-    const int64_t KB = kc_for(S), nb = (S + KB - 1) / KB;
+    const int64_t KB = kc_for(S), nb = k_blocks(S);
     if (nb >= 2 * nthreads) {
       const int64_t per = per_slot(SL), kb = KB * per, ea = A.bf16 ? 2 : 4, eb = B.bf16 ? 2 : 4;
       const auto blk = [&](int64_t b) {  // block b's k range as views, and its length
@@ -662,14 +669,15 @@ void gemm_sgd16(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, in
 // fp32 backward ran ~1.5x slower than alone, and only ~1.3x faster on 2 threads than on 1 (on
 // the Zen 5 VM). By chunks, the step's matmul_backward_sgd took 15.0-15.8 instead of 17.5-17.9
 // ms, the step 28-30 instead of 31.5 ms. (qkv and w13, W's rows split, measured slower by
-// chunks.) The same sums: the same bits. both(c0, cn): the two products on columns c0..c0+cn.
+// chunks.) The same sums: the same bits. both(c0, cn): the two products on columns c0..c0+cn;
+// S: dx's slots (W's rows, in k slots of the kind), whose k blocks decide gemm()'s split.
 template <class Both>
-void dx_sgd(int64_t M, int64_t nb, int64_t IC, const Both& both) {
+void dx_sgd(int64_t M, int64_t S, int64_t IC, const Both& both) {
   const bool serial = omp_in_parallel() || omp_get_max_threads() == 1;
   const int nthreads = serial ? 1 : omp_get_max_threads();
   constexpr int64_t CB = 256;  // columns per chunk: W's rows x CB in L2 between the two products
   const int64_t chunks = (IC + CB - 1) / CB;
-  if (serial || M > MC || nb >= 2 * nthreads || chunks < nthreads) return both(0, IC);
+  if (serial || M > MC || k_blocks(S) >= 2 * nthreads || chunks < nthreads) return both(0, IC);
 #pragma omp parallel num_threads(nthreads)
   {
     const int t = omp_get_thread_num(), n = omp_get_num_threads();
@@ -688,7 +696,7 @@ void gemm_dx_sgd(int64_t M, int64_t OC, int64_t IC, const float* dout, const flo
     F(OC, cn, M, {dout, false, 1, OC}, {x + c0, false, 1, IC}, W + c0, IC, true, -lr, Store::f32);
   };
   if (!kChunks) return both(0, IC);
-  dx_sgd(M, (OC + KCMAX - 1) / KCMAX, IC, both);
+  dx_sgd(M, OC, IC, both);
 }
 // The bf16 kind: F its product, FS its SGD step, per its k slot's width (kChunks as above).
 template <GemmFn F, GemmSgdFn FS, int64_t per, bool kChunks>
@@ -702,7 +710,7 @@ void gemm_dx_sgd16(int64_t M, int64_t OC, int64_t IC, View d, View dt, View x, u
     FS(OC, cn, M, dt, xc, W + c0, IC, lr);
   };
   if (!kChunks) return both(0, IC);
-  dx_sgd(M, ((OC + per - 1) / per + KCMAX - 1) / KCMAX, IC, both);
+  dx_sgd(M, (OC + per - 1) / per, IC, both);
 }
 
 }  // namespace
