@@ -143,22 +143,34 @@ void pack_scalar(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t 
 // with few rows (W1's 32 tokens) each weight panel is used briefly, and DRAM latency, not
 // bandwidth, bounds the product unless the next panel streams into L2 during this one --
 // spread over its sum, since a burst of prefetches overflows the miss queues and is dropped.
+// The lines of `runs` runs of `bytes` bytes each, `stride` bytes apart from p (at most cap of
+// them, in that order). Counted first and filled by a plain loop: with the bound checked per
+// line, building a W1 forward tile's list took ~9 % of the skinny product.
+inline int run_lines(const char** out, int cap, const char* p, int64_t runs, int64_t stride,
+                     int64_t bytes) {
+  const int64_t per = (bytes + 63) / 64;
+  if (runs <= 0 || per <= 0) return 0;
+  const int64_t n = lo(cap, runs * per), whole = n / per;
+  for (int64_t r = 0; r <= whole; ++r) {
+    const char* q = p + r * stride;
+    const char** o = out + r * per;
+    for (int64_t l = 0; l < lo(per, n - r * per); ++l) o[l] = q + l * 64;
+  }
+  return int(n);
+}
+
 template <Slot SL>
 int panel_lines(const char** out, int cap, const View& v, int64_t rows, int64_t K, int64_t r0,
                 int R, int64_t s0, int64_t S) {
   const int64_t per = per_slot(SL), es = v.bf16 ? 2 : 4, k0 = s0 * per, k1 = lo(K, (s0 + S) * per);
   const char* p = static_cast<const char*>(v.p);
-  int n = 0;
-  if (v.ks == 1) {
-    for (int64_t r = r0; r < lo(rows, r0 + R); ++r)
-      for (int64_t b = 0; b < (k1 - k0) * es && n < cap; b += 64)
-        out[n++] = p + (r * v.rs + k0) * es + b;
-  } else if (v.rs == 1 && r0 < rows) {
-    const int64_t span = (lo(rows, r0 + R) - r0) * es;
-    for (int64_t k = k0; k < k1; ++k)
-      for (int64_t b = 0; b < span && n < cap; b += 64) out[n++] = p + (k * v.ks + r0) * es + b;
-  }
-  return n;
+  if (v.ks == 1)
+    return run_lines(out, cap, p + (r0 * v.rs + k0) * es, lo(rows, r0 + R) - r0, v.rs * es,
+                     (k1 - k0) * es);
+  if (v.rs == 1 && r0 < rows)
+    return run_lines(out, cap, p + (k0 * v.ks + r0) * es, k1 - k0, v.ks * es,
+                     (lo(rows, r0 + R) - r0) * es);
+  return 0;
 }
 
 // Tile address: C holds fp32, or (c16) bf16: weights for the fused SGD step, Store::bf16.
@@ -225,11 +237,10 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int6
           const int64_t kc = lo(KCB, S - pc);
           // The first pass over these rows reads them from DRAM: fetch the next tile's
           // (the same k block) into L2 on the way, a line per slot.
-          int npf = 0;
-          if (jr == 0 && i + MR < n1)
-            for (int64_t r = i + MR; r < lo(n1, i + 2 * MR); ++r)
-              for (int64_t b = 0; b < kc * per * es && npf < kLines; b += 64)
-                lines[npf++] = W + (r * B.rs + pc * per) * es + b;
+          const int npf = jr == 0 && i + MR < n1
+                              ? run_lines(lines, kLines, W + ((i + MR) * B.rs + pc * per) * es,
+                                          lo(n1, i + 2 * MR) - (i + MR), B.rs * es, kc * per * es)
+                              : 0;
           Kern::micro_inplace(kc, W + (i * B.rs + pc * per) * es, B.bf16, B.rs,
                               Ap + pc * np * NR + jr * kc, acc, NR, mr, nr, pc > 0, lines,
                               int(lo(npf, kc)));
