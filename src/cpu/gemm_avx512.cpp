@@ -132,23 +132,15 @@ void pack_kcontig(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t
     // every stored row inside the matrix, in words load_quad reads (not bf16 into fp32 words)
     const bool inside = r0 + rg + nr <= rows && (BF || !v.bf16);
     const int64_t next = rg + 16 < R ? r0 + rg + 16 : r0 + R;  // the rows packed after these
-    // the rows' starts, then the next rows' (none past the matrix): the fetches below are a
-    // third of the pack's instructions unless their addresses are this cheap (in L2: -45 %)
-    const char* at[2][16] = {};
-    int nat[2] = {0, 0};
-    if (inside)
-      for (int r = 0; r < nr; ++r) {
-        at[0][nat[0]++] = base + (r0 + rg + r) * v.rs * es;
-        if (next + r < rows) at[1][nat[1]++] = base + (next + r) * v.rs * es;
-      }
     for (int64_t s = 0; s < S; s += 16) {
       if (inside && (s0 + s + 16) * per <= K) {
-        const int64_t sa = s + kPackAhead < S ? s + kPackAhead : s + kPackAhead - S;
-        const int w = s + kPackAhead < S ? 0 : 1;
-        if ((s0 + sa) * per < K)
-          for (int r = 0; r < nat[w]; ++r)
+        for (int r = 0; r < nr; ++r) {
+          int64_t i = r0 + rg + r, sa = s + kPackAhead;
+          if (sa >= S) sa -= S, i = next + r;
+          if (i < rows && (s0 + sa) * per < K)
             for (int64_t b = 0; b < run; b += 64)
-              _mm_prefetch(at[w][r] + (s0 + sa) * per * es + b, _MM_HINT_T0);
+              _mm_prefetch(base + (i * v.rs + (s0 + sa) * per) * es + b, _MM_HINT_T0);
+        }
         pack16_quads<BF>(dst + s * R + rg, R, v, r0 + rg, (s0 + s) * per, nr, int(lo(16, S - s)),
                          sm);
         continue;
