@@ -151,11 +151,14 @@ inline int run_lines(const char** out, int cap, const char* p, int64_t runs, int
   const int64_t per = (bytes + 63) / 64;
   if (runs <= 0 || per <= 0) return 0;
   const int64_t n = lo(cap, runs * per), whole = n / per;
-  for (int64_t r = 0; r <= whole; ++r) {
-    const char* q = p + r * stride;
-    const char** o = out + r * per;
-    for (int64_t l = 0; l < lo(per, n - r * per); ++l) o[l] = q + l * 64;
+  if (per == 2) {  // (a 32-column fp32 panel's k rows: vectorized across runs)
+    for (int64_t r = 0; r < whole; ++r)
+      out[2 * r] = p + r * stride, out[2 * r + 1] = p + r * stride + 64;
+  } else {
+    for (int64_t r = 0; r < whole; ++r)
+      for (int64_t l = 0; l < per; ++l) out[r * per + l] = p + r * stride + l * 64;
   }
+  for (int64_t l = 0; l < n - whole * per; ++l) out[whole * per + l] = p + whole * stride + l * 64;
   return int(n);
 }
 
