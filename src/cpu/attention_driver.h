@@ -44,37 +44,28 @@ inline int64_t round_up(int64_t a, int64_t m) {
 // L2: measured faster, as was leaving the outputs' lines alone.
 class RowFetch {
  public:
-  void clear() { n_ = cur_ = 0, row_ = line_ = 0, left_ = 0; }
+  void clear() { n_ = cur_ = 0; }
   // rows [0, rows) of p, `stride` elements apart, their first n elements
   template <class E>
   void add(const E* p, int64_t stride, int64_t rows, int64_t n) {
-    if (rows <= 0 || n_ == kRuns) return;
-    constexpr int64_t es = sizeof(E);
-    const int64_t lines = (n * es + 63) / 64;
-    runs_[n_++] = {reinterpret_cast<const char*>(p), stride * es, rows, lines};
-    left_ += rows * lines;
+    n_ += run_lines(lines_ + n_, int(kCap - n_), reinterpret_cast<const char*>(p), rows,
+                    stride * int64_t(sizeof(E)), n * int64_t(sizeof(E)));
   }
   // spread what is queued over `calls` calls of step()
-  void pace(int64_t calls) { per_ = (left_ + calls - 1) / (calls > 0 ? calls : 1); }
+  void pace(int64_t calls) { per_ = (n_ - cur_ + calls - 1) / (calls > 0 ? calls : 1); }
   void step() { issue(per_); }
-  void finish() { issue(left_); }
+  void finish() { issue(n_); }
 
  private:
-  static constexpr int kRuns = 8;
-  struct Run {
-    const char* p;
-    int64_t stride, rows, lines;
-  };
+  // A list, walked by a plain loop: issued by a per-line walk of rows and lines instead, the
+  // fetches cost about what they saved (~7 % of a W2 fp32 backward's samples).
+  static constexpr int64_t kCap = 4096;  // a W2 backward block queues ~3,000 lines
   void issue(int64_t n) {
-    for (; n > 0 && cur_ < n_; --n, --left_) {
-      const Run& r = runs_[cur_];
-      __builtin_prefetch(r.p + row_ * r.stride + line_ * 64, 0, 3);
-      if (++line_ == r.lines && (line_ = 0, ++row_ == r.rows)) row_ = 0, ++cur_;
-    }
+    for (const int64_t e = lo(n_, cur_ + n); cur_ < e; ++cur_)
+      __builtin_prefetch(lines_[cur_], 0, 3);
   }
-  Run runs_[kRuns];
-  int n_ = 0, cur_ = 0;
-  int64_t row_ = 0, line_ = 0, left_ = 0, per_ = 0;
+  const char* lines_[kCap];
+  int64_t n_ = 0, cur_ = 0, per_ = 0;
 };
 
 // St[j][c] (row stride kAttnQB) = alpha sum_d X(j, d) Y(q0 + c, d) for the nq queries of a
