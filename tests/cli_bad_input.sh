@@ -126,6 +126,22 @@ rm -f "$dir/s32.safetensors"
 expect_error "export format unknown" export "$dir/real.ckpt" --format onnx --out "$dir/x.onnx"
 expect_error "export to an unwritable folder" export "$dir/real.ckpt" --format pt --out /nonexistent/x.pt
 expect_error "export hf over a file" export "$dir/real.ckpt" --format hf --out "$dir/text.bin"
+# a full disk during a Hugging Face export: a folder it made is gone, and an earlier export in
+# the folder keeps every file as it was (none renamed before all are written)
+fsize=2048 expect_error "disk full during an hf export" export "$dir/real.ckpt" --format hf --out "$dir/hfx"
+if [ -e "$dir/hfx" ]; then
+  echo "FAIL: an interrupted hf export left $dir/hfx: $(ls -A "$dir/hfx")"
+  fails=$((fails + 1))
+fi
+"$bin" export "$dir/real.ckpt" --format hf --dtype float32 --out "$dir/hfx" >/dev/null 2>&1 ||
+  { echo "FAIL: could not export"; exit 1; }
+cp -r "$dir/hfx" "$dir/hfx.before"
+fsize=2048 expect_error "disk full during an hf export over an earlier one" export "$dir/real.ckpt" --format hf --out "$dir/hfx"
+if ! diff -r "$dir/hfx" "$dir/hfx.before" >/dev/null; then
+  echo "FAIL: an interrupted hf export changed the earlier one: $(ls -A "$dir/hfx")"
+  fails=$((fails + 1))
+fi
+rm -rf "$dir/hfx" "$dir/hfx.before"
 # hostile safetensors: u64 header length, JSON header, data
 st() {  # st FILE HEADER DATA_BYTES
   local n=${#2}

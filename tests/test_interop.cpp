@@ -279,6 +279,45 @@ TEST(Import, HuggingFaceFoldersRoundTripTiedAndUntied) {
   }
 }
 
+// An export that fails part way (here config.json's temporary cannot be made) leaves an earlier
+// export in the folder as it was, every file (none is renamed before all three are written),
+// and a folder it made itself is removed.
+TEST(Export, HuggingFaceFolderIsReplacedWholeOrNotAtAll) {
+  const Config c = small(true);
+  std::vector<float> w = params_of(c), w2 = w;
+  for (float& x : w2) x = -x;
+  const std::string dir = tmp("hf_whole"),
+                    blocker = dir + "/config.json.tmp." + std::to_string(getpid());
+  export_hf(dir, c, arena_reader(w.data()), DType::f32, nullptr);
+  const std::string weights = read_all(dir + "/model.safetensors");
+  fs::create_directory(blocker);
+  EXPECT_NE(error_of([&] {
+              export_hf(dir, c, arena_reader(w2.data()), DType::f32, nullptr);
+            }).find("cannot create"),
+            std::string::npos);
+  fs::remove(blocker);
+  EXPECT_TRUE(read_all(dir + "/model.safetensors") == weights)
+      << "the earlier weights were replaced";
+  EXPECT_TRUE(load(dir, c) == w) << "the folder no longer loads as the earlier export";
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) ++files, (void)e;
+  EXPECT_EQ(files, 3u) << "a temporary was left behind";
+  export_hf(dir, c, arena_reader(w2.data()), DType::f32, nullptr);  // unblocked: replaced whole
+  EXPECT_EQ(load(dir, c), w2);
+  fs::remove_all(dir);
+  // a folder the failed export made (weights that cannot be read, half way) is gone again
+  const std::string fresh = tmp("hf_fresh");
+  int reads = 0;
+  const ParamReader failing = [&](size_t off, size_t n, float* out) {
+    if (++reads == 3) throw Error("weights unreadable");
+    std::memcpy(out, w.data() + off, n * 4);
+  };
+  EXPECT_EQ(error_of([&] { export_hf(fresh, c, failing, DType::f32, nullptr); }),
+            "weights unreadable");
+  EXPECT_GE(reads, 3);
+  EXPECT_FALSE(fs::exists(fresh)) << "the failed export left the folder it made";
+}
+
 TEST(Import, ShardedIndexLoadsAndIsChecked) {
   const Config c = small(true);
   const std::vector<float> w = params_of(c);

@@ -1,5 +1,6 @@
 // .pt writer and reader: exact bytes for the spec's example, round trips, and hostile files.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -77,6 +78,45 @@ TEST(AtomicFile, SignalsRemoveTheTemporary) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   EXPECT_EQ(read_all(path), "whole");
   std::remove(path.c_str());
+}
+
+// The same with a folder made for the file (an export's): the signal removes the temporary,
+// then the folder; a folder kept, or not empty, stays.
+TEST(TemporaryFolder, SignalsRemoveItOnceEmpty) {
+  const std::string folder = tmp_path("sig_folder");
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    remove_temporaries_on_signals();
+    if (mkdir(folder.c_str(), 0777) != 0) _exit(1);
+    TemporaryFolder made(folder);
+    AtomicFile f(folder + "/model.safetensors");
+    f.write("partial", 7);
+    (void)!write(ready[1], "x", 1);
+    for (;;) pause();
+  }
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  EXPECT_TRUE(exists(folder + "/model.safetensors.tmp." + std::to_string(child)));
+  kill(child, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
+  EXPECT_FALSE(exists(folder));
+  close(ready[0]), close(ready[1]);
+  ASSERT_EQ(mkdir(folder.c_str(), 0777), 0);
+  {
+    TemporaryFolder kept(folder);
+    kept.keep();
+  }
+  EXPECT_TRUE(exists(folder));
+  write_all(folder + "/x", "x");
+  { TemporaryFolder full(folder); }
+  EXPECT_TRUE(exists(folder + "/x"));
+  std::remove((folder + "/x").c_str());
+  rmdir(folder.c_str());
 }
 
 TEST(Pickle, SpecWorkedExampleIsByteExact) {

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "io/file.h"
 #include "io/model_file.h"
@@ -16,11 +17,9 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-void write_json(const std::string& path, const ojson& j) {
+void write_json(AtomicFile& f, const ojson& j) {
   const std::string s = j.dump(2) + "\n";
-  AtomicFile f(path);
   f.write(s.data(), s.size());
-  f.commit();
 }
 
 std::string g17(double v) {  // round-trips a double exactly
@@ -39,11 +38,17 @@ ojson token_id(const Config& c, int64_t id) {
 void export_hf(const std::string& dir, const Config& c, const ParamReader& read, DType dtype,
                const TrainRecord* rec) {
   struct stat st;
+  bool made = false;
   if (stat(dir.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) throw Error(dir + " exists and is not a folder");
   } else if (mkdir(dir.c_str(), 0777) != 0) {
     throw Error("cannot create folder " + dir + ": " + std::strerror(errno));
+  } else {
+    made = true;
   }
+  // A folder made here goes again if the export fails or is interrupted (empty by then).
+  std::optional<TemporaryFolder> fresh;
+  if (made) fresh.emplace(dir);
   const bool bf16 = dtype == DType::bf16;
   const double eps = c.eps == 1e-6f ? 1e-6 : double(c.eps);
   ojson cfg = {
@@ -92,12 +97,20 @@ void export_hf(const std::string& dir, const Config& c, const ParamReader& read,
     tensors.push_back({hf_name(e.key), bf16 ? "BF16" : "F32", e.shape,
                        [=, &c, &read](uint8_t* out) { encode_entry(out, c, e, read, dtype); }});
   }
-  save_safetensors(dir + "/model.safetensors", std::move(tensors), md);
-  write_json(dir + "/config.json", cfg);
-  write_json(dir + "/generation_config.json", {{"bos_token_id", token_id(c, 151643)},
-                                               {"eos_token_id", token_id(c, 151645)},
-                                               {"do_sample", false},
-                                               {"transformers_version", "4.51.0"}});
+  // All three written and synced under temporary names before any is renamed, config.json
+  // last: an interrupted export leaves no file of its own, and a folder whose config.json
+  // is new has the weights that go with it (an earlier export's files are replaced whole).
+  AtomicFile weights(dir + "/model.safetensors"), config(dir + "/config.json"),
+      generation(dir + "/generation_config.json");
+  write_safetensors(weights, std::move(tensors), md);
+  write_json(config, cfg);
+  write_json(generation, {{"bos_token_id", token_id(c, 151643)},
+                          {"eos_token_id", token_id(c, 151645)},
+                          {"do_sample", false},
+                          {"transformers_version", "4.51.0"}});
+  weights.sync(), generation.sync(), config.sync();
+  weights.commit(), generation.commit(), config.commit();
+  if (fresh) fresh->keep();
 }
 
 void export_pt(const std::string& path, const Config& c, const ParamReader& read, DType dtype) {

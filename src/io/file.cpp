@@ -42,17 +42,19 @@ MappedFile::~MappedFile() {
 namespace {
 struct Temporary {
   std::atomic<bool> used{false};
+  bool folder = false;  // rmdir (after every file), not unlink
   char path[4096];
 };
 constexpr int kTemporaries = 8;
 Temporary g_temps[kTemporaries];
 static_assert(std::atomic<bool>::is_always_lock_free);
 
-int list_temporary(const std::string& tmp) {  // (files are written from one thread)
+int list_temporary(const std::string& tmp, bool folder = false) {  // (from one thread)
   if (tmp.size() >= sizeof g_temps[0].path) return -1;
   for (int i = 0; i < kTemporaries; ++i)
     if (!g_temps[i].used.load()) {
       std::memcpy(g_temps[i].path, tmp.c_str(), tmp.size() + 1);
+      g_temps[i].folder = folder;
       g_temps[i].used.store(true);
       return i;
     }
@@ -70,7 +72,9 @@ void on_signal(int sig) {
 
 void remove_temporaries() {
   for (Temporary& t : g_temps)
-    if (t.used.load()) ::unlink(t.path);
+    if (t.used.load() && !t.folder) ::unlink(t.path);
+  for (Temporary& t : g_temps)
+    if (t.used.load() && t.folder) ::rmdir(t.path);
 }
 void remove_temporaries_on_signals() {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
@@ -87,10 +91,8 @@ AtomicFile::AtomicFile(const std::string& path)
   slot_ = list_temporary(tmp_);
 }
 AtomicFile::~AtomicFile() {
-  if (f_) {
-    std::fclose(f_);
-    std::remove(tmp_.c_str());
-  }
+  if (f_) std::fclose(f_);
+  if (f_ || synced_) std::remove(tmp_.c_str());
   unlist_temporary(slot_);
 }
 void AtomicFile::write(const void* p, size_t n) {
@@ -98,11 +100,18 @@ void AtomicFile::write(const void* p, size_t n) {
     throw Error("writing " + tmp_ + " failed: " + std::strerror(errno) + " (disk full?)");
   offset_ += n;
 }
-void AtomicFile::commit() {
+void AtomicFile::sync() {
+  if (!f_) return;
   if (std::fflush(f_) != 0 || fsync(fileno(f_)) != 0)
     throw Error("writing " + tmp_ + " failed: " + std::strerror(errno) + " (disk full?)");
   std::fclose(f_);
   f_ = nullptr;
+  synced_ = true;
+}
+void AtomicFile::commit() {
+  sync();
+  if (!synced_) throw Error("internal: " + path_ + " committed twice");
+  synced_ = false;
   if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const std::string why = std::strerror(errno);
     std::remove(tmp_.c_str());
@@ -114,6 +123,19 @@ void AtomicFile::commit() {
   const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (dfd >= 0) fsync(dfd), ::close(dfd);
+}
+
+TemporaryFolder::TemporaryFolder(const std::string& path)
+    : path_(path), slot_(list_temporary(path, true)) {}
+TemporaryFolder::~TemporaryFolder() {
+  if (path_.empty()) return;
+  unlist_temporary(slot_);
+  ::rmdir(path_.c_str());
+}
+void TemporaryFolder::keep() {
+  unlist_temporary(slot_);
+  slot_ = -1;
+  path_.clear();
 }
 
 }  // namespace tq

@@ -31,16 +31,31 @@ class AtomicFile {
   ~AtomicFile();                                 // removes the temporary unless committed
   void write(const void* p, size_t n);           // Error on a short write (disk full)
   uint64_t offset() const { return offset_; }
-  void commit();  // flush, fsync, rename over path, fsync the folder
+  void sync();    // flush and fsync the temporary (still listed, not yet renamed)
+  void commit();  // sync, rename over path, fsync the folder
 
  private:
   std::string path_, tmp_;
   FILE* f_ = nullptr;
   uint64_t offset_ = 0;
-  int slot_ = -1;  // in the list of temporaries, or -1
+  int slot_ = -1;        // in the list of temporaries, or -1
+  bool synced_ = false;  // closed and synced, not yet renamed
 };
 
-// Removes every AtomicFile temporary this process has open; async-signal-safe.
+// A folder this process created for files it has not finished: removed (if empty) with the
+// temporaries, and by the destructor unless kept.
+class TemporaryFolder {
+ public:
+  explicit TemporaryFolder(const std::string& path);  // lists path (which must exist)
+  ~TemporaryFolder();                                 // rmdir unless kept
+  void keep();
+
+ private:
+  std::string path_;
+  int slot_ = -1;
+};
+// Removes every AtomicFile temporary this process has open, then its empty temporary folders;
+// async-signal-safe.
 void remove_temporaries();
 // SIGINT, SIGTERM and SIGHUP then remove the temporaries and end the process as the signal
 // would have (an interrupted save of an 8 GB checkpoint left 8 GB under NAME.tmp.PID).

@@ -169,6 +169,12 @@ const StTensor* SafetensorsFile::find(const std::string& name) const {
 
 void save_safetensors(const std::string& path, std::vector<StOutTensor> tensors,
                       const std::map<std::string, std::string>& metadata) {
+  AtomicFile f(path);
+  write_safetensors(f, std::move(tensors), metadata);
+  f.commit();
+}
+void write_safetensors(AtomicFile& f, std::vector<StOutTensor> tensors,
+                       const std::map<std::string, std::string>& metadata) {
   std::stable_sort(tensors.begin(), tensors.end(), [](const StOutTensor& a, const StOutTensor& b) {
     const size_t sa = st_dtype_size(a.dtype), sb = st_dtype_size(b.dtype);
     return sa != sb ? sa > sb : a.name < b.name;
@@ -191,7 +197,6 @@ void save_safetensors(const std::string& path, std::vector<StOutTensor> tensors,
   h.append((8 - h.size() % 8) % 8, ' ');
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(h.size()) >> (8 * i));
-  AtomicFile f(path);
   f.write(len, 8);
   f.write(h.data(), h.size());
   std::vector<uint8_t> buf;
@@ -200,7 +205,6 @@ void save_safetensors(const std::string& path, std::vector<StOutTensor> tensors,
     tensors[i].fill(buf.data());
     f.write(buf.data(), buf.size());
   }
-  f.commit();
 }
 
 }  // namespace tq

@@ -50,5 +50,8 @@ struct StOutTensor {
 // with the header padded to 8 bytes so every tensor is naturally aligned.
 void save_safetensors(const std::string& path, std::vector<StOutTensor> tensors,
                       const std::map<std::string, std::string>& metadata);
+// The same bytes into f, not committed (several files made whole together: export_hf).
+void write_safetensors(AtomicFile& f, std::vector<StOutTensor> tensors,
+                       const std::map<std::string, std::string>& metadata);
 
 }  // namespace tq
