@@ -202,21 +202,20 @@ struct AttnShape {
   }
 };
 
-// A row of n activations as fp32: in place, or widened from bf16 storage into buf
-inline const float* widen(const float* x, float*, int64_t) {
+// An activation as fp32 (from bf16 storage: the high half)
+inline float f32_of(float x) {
   return x;
 }
-inline const float* widen(const uint16_t* x, float* buf, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t u = uint32_t(x[i]) << 16;
-    std::memcpy(buf + i, &u, 4);
-  }
-  return buf;
+inline float f32_of(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
 }
-// sum a[i] b[i] by lanes
-inline float row_dot(const float* a, const float* b, int64_t n) {
-  return lane_sum(n, [=](int64_t i) { return a[i] * b[i]; });
+// sum a[i] b[i] by lanes, in either storage (widened term by term: no row copies)
+template <class E>
+inline float row_dot(const E* a, const E* b, int64_t n) {
+  return lane_sum(n, [=](int64_t i) { return f32_of(a[i]) * f32_of(b[i]); });
 }
 
 // H16: q, k, v, out in bf16 storage (bf16 kind only; the pointers hold uint16_t)
@@ -338,8 +337,6 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
     float* dKs = reinterpret_cast<float*>(XA + wX);
     float* dVs = dKs + wG;
     alignas(64) float rowdot[QB];
-    std::vector<float> wide_(H16 ? size_t(2 * D) : 0);  // a dO row and an O row (bf16 storage)
-    float* const wide = wide_.data();
     RowFetch pf;
     const E* const reads[3] = {q, dout, out};
     for (int64_t t = claim.fetch_add(1), next; t < ntask; t = next) {
@@ -366,7 +363,7 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
           score_tiles<Kern, SL>(dSt, VA, OP, View{sh.row(dout, b, h, 0), H16, ldq, 1}, T, D, SD, q0,
                                 nq, 1.0f, pf);
           for (int64_t c = 0; c < nq; ++c)  // rowsum(dO O)
-            rowdot[c] = row_dot(widen(gh + c * ldq, wide, D), widen(oh + c * ldq, wide + D, D), D);
+            rowdot[c] = row_dot(gh + c * ldq, oh + c * ldq, D);
           // P = exp(S - lse), dS = P (dP - rowsum(dO O)) scale; 0 where masked. The bf16 kind
           // rounds both here, so its products may read them in place (packing would round
           // them again, to the same values); the forward rounds P likewise.
