@@ -35,22 +35,32 @@ bool exists(const std::string& path) {
 // A child writes a file through AtomicFile and stops mid-write; the parent sees the
 // temporary, then signals the child: the handler must remove it and end the child by that
 // signal. A signal ignored from the start (nohup) stays ignored, and the file is completed.
+// A child that runs write() with the signal handlers set, then waits to be signalled; its pid
+// once write() has returned (-1 if it could not start).
+pid_t paused_writer(const std::function<void()>& write_part) {
+  int ready[2];
+  if (pipe(ready) != 0) return -1;
+  const pid_t child = fork();
+  if (child == 0) {
+    remove_temporaries_on_signals();
+    write_part();
+    (void)!write(ready[1], "x", 1);
+    for (;;) pause();
+  }
+  char c;
+  const bool started = child > 0 && read(ready[0], &c, 1) == 1;
+  close(ready[0]), close(ready[1]);
+  return started ? child : -1;
+}
+
 TEST(AtomicFile, SignalsRemoveTheTemporary) {
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
     const std::string path = tmp_path("sig.pt");
-    int ready[2];
-    ASSERT_EQ(pipe(ready), 0);
-    const pid_t child = fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-      remove_temporaries_on_signals();
-      AtomicFile f(path);
-      f.write("partial", 7);
-      (void)!write(ready[1], "x", 1);
-      for (;;) pause();
-    }
-    char c;
-    ASSERT_EQ(read(ready[0], &c, 1), 1);
+    const pid_t child = paused_writer([&] {
+      AtomicFile* f = new AtomicFile(path);  // (left open: the child ends by the signal)
+      f->write("partial", 7);
+    });
+    ASSERT_GT(child, 0);
     const std::string tmp = path + ".tmp." + std::to_string(child);
     EXPECT_TRUE(exists(tmp));
     kill(child, sig);
@@ -59,7 +69,6 @@ TEST(AtomicFile, SignalsRemoveTheTemporary) {
     EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << "signal " << sig;
     EXPECT_FALSE(exists(tmp)) << "signal " << sig;
     EXPECT_FALSE(exists(path));
-    close(ready[0]), close(ready[1]);
   }
   const std::string path = tmp_path("nohup.pt");
   const pid_t child = fork();
@@ -84,28 +93,19 @@ TEST(AtomicFile, SignalsRemoveTheTemporary) {
 // then the folder; a folder kept, or not empty, stays.
 TEST(TemporaryFolder, SignalsRemoveItOnceEmpty) {
   const std::string folder = tmp_path("sig_folder");
-  int ready[2];
-  ASSERT_EQ(pipe(ready), 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    remove_temporaries_on_signals();
+  const pid_t child = paused_writer([&] {
     if (mkdir(folder.c_str(), 0777) != 0) _exit(1);
-    TemporaryFolder made(folder);
-    AtomicFile f(folder + "/model.safetensors");
-    f.write("partial", 7);
-    (void)!write(ready[1], "x", 1);
-    for (;;) pause();
-  }
-  char c;
-  ASSERT_EQ(read(ready[0], &c, 1), 1);
+    new TemporaryFolder(folder);  // (left listed: the child ends by the signal)
+    AtomicFile* f = new AtomicFile(folder + "/model.safetensors");
+    f->write("partial", 7);
+  });
+  ASSERT_GT(child, 0);
   EXPECT_TRUE(exists(folder + "/model.safetensors.tmp." + std::to_string(child)));
   kill(child, SIGTERM);
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
   EXPECT_FALSE(exists(folder));
-  close(ready[0]), close(ready[1]);
   ASSERT_EQ(mkdir(folder.c_str(), 0777), 0);
   {
     TemporaryFolder kept(folder);
