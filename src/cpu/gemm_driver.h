@@ -139,10 +139,6 @@ void pack_scalar(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t 
     }
 }
 
-// The source lines pack() will read for these rows and slots, into `out` (at most `cap`):
-// with few rows (W1's 32 tokens) each weight panel is used briefly, and DRAM latency, not
-// bandwidth, bounds the product unless the next panel streams into L2 during this one --
-// spread over its sum, since a burst of prefetches overflows the miss queues and is dropped.
 // The lines of `runs` runs of `bytes` bytes each, `stride` bytes apart from p (at most cap of
 // them, in that order). Counted first and filled by a plain loop: with the bound checked per
 // line, building a W1 forward tile's list took ~9 % of the skinny product.
@@ -162,6 +158,10 @@ inline int run_lines(const char** out, int cap, const char* p, int64_t runs, int
   return int(n);
 }
 
+// The source lines pack() will read for these rows and slots, into `out` (at most `cap`):
+// with few rows (W1's 32 tokens) each weight panel is used briefly, and DRAM latency, not
+// bandwidth, bounds the product unless the next panel streams into L2 during this one --
+// spread over its sum, since a burst of prefetches overflows the miss queues and is dropped.
 template <Slot SL>
 int panel_lines(const char** out, int cap, const View& v, int64_t rows, int64_t K, int64_t r0,
                 int R, int64_t s0, int64_t S) {

@@ -37,18 +37,16 @@ ojson token_id(const Config& c, int64_t id) {
 
 void export_hf(const std::string& dir, const Config& c, const ParamReader& read, DType dtype,
                const TrainRecord* rec) {
+  // A folder made here goes again if the export fails or is interrupted (empty by then).
+  std::optional<TemporaryFolder> fresh;
   struct stat st;
-  bool made = false;
   if (stat(dir.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) throw Error(dir + " exists and is not a folder");
   } else if (mkdir(dir.c_str(), 0777) != 0) {
     throw Error("cannot create folder " + dir + ": " + std::strerror(errno));
   } else {
-    made = true;
+    fresh.emplace(dir);
   }
-  // A folder made here goes again if the export fails or is interrupted (empty by then).
-  std::optional<TemporaryFolder> fresh;
-  if (made) fresh.emplace(dir);
   const bool bf16 = dtype == DType::bf16;
   const double eps = c.eps == 1e-6f ? 1e-6 : double(c.eps);
   ojson cfg = {
