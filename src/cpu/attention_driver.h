@@ -135,11 +135,12 @@ void query_rows(E* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32_t
 }
 
 // C[j][d] (row stride ldc) += sum_q St[j][q] Y[q][d] for the keys 0..q0+nq-1 of a block:
-// each A panel of MR keys sums the queries that see them. Yb: Y as B panels of NR dims over
-// the block's queries (SQ slots each); Ap: one panel.
+// each A panel of MR keys sums the queries that see them; rows from key `fresh` on (a multiple
+// of MR) are stored, not added to (their first sum). Yb: Y as B panels of NR dims over the
+// block's queries (SQ slots each); Ap: one panel.
 template <class Kern, Slot SL>
 void key_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32_t* Ap, int64_t D,
-              int64_t SQ, int64_t q0, int64_t nq, RowFetch& pf) {
+              int64_t SQ, int64_t q0, int64_t nq, int64_t fresh, RowFetch& pf) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
   constexpr int64_t per = per_slot(SL);
   const int64_t e = q0 + nq, S = (nq + per - 1) / per;
@@ -150,14 +151,14 @@ void key_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32
     if constexpr (Kern::kInPlaceA && per == 1) {  // St's rows are the A rows
       for (int64_t d = 0; d < D; d += NR)
         Kern::micro_inplace(S - s0, St + j * kAttnQB + s0, false, kAttnQB, Yb + d * SQ + s0 * NR,
-                            C + j * ldc + d, ldc, mr, int(lo(NR, D - d)), true, nullptr, 0);
+                            C + j * ldc + d, ldc, mr, int(lo(NR, D - d)), j < fresh, nullptr, 0);
       continue;
     }
     Kern::template pack<SL>(Ap, View{St + j * kAttnQB, false, kAttnQB, 1}, e - j, nq, 0, MR, s0,
                             S - s0);
     for (int64_t d = 0; d < D; d += NR)
       Kern::template micro<SL, false>(S - s0, Ap, Yb + d * SQ + s0 * NR, C + j * ldc + d, ldc, mr,
-                                      int(lo(NR, D - d)), true, 1.0f, nullptr, 0, nullptr, 0);
+                                      int(lo(NR, D - d)), j < fresh, 1.0f, nullptr, 0, nullptr, 0);
   }
 }
 
@@ -344,8 +345,6 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
       const int64_t b = t / KVH, g = t % KVH;
       int64_t blk = 0;
       E *dkg = dk + (b * T * KVH + g) * D, *dvg = dv + (b * T * KVH + g) * D;
-      std::memset(dKs, 0, size_t(T * D) * sizeof(float));
-      std::memset(dVs, 0, size_t(T * D) * sizeof(float));
       pack_keys_a<Kern, SL>(KA, sh.kv(k, b, g), T, D, SD);
       pack_keys_a<Kern, SL>(VA, sh.kv(v, b, g), T, D, SD);
       pack_dims_b<Kern, SL>(KB, sh.kv_t(k, b, g), D, T, ST);
@@ -382,8 +381,11 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
           // dV += Pᵀ dO, dK += dSᵀ Q, dQ = dS K
           pack_dims_b<Kern, SL>(OT, View{gh, H16, 1, ldq}, D, nq, SQ);
           pack_dims_b<Kern, SL>(QT, View{qh, H16, 1, ldq}, D, nq, SQ);
-          key_rows<Kern, SL>(dVs, D, St, OT, XA, D, SQ, q0, nq, pf);
-          key_rows<Kern, SL>(dKs, D, dSt, QT, XA, D, SQ, q0, nq, pf);
+          // (the group's first head sums each key first in the block of its own query: stored
+          // there, so that dK and dV need no zeroing)
+          const int64_t fresh = h == g * G ? q0 : T;
+          key_rows<Kern, SL>(dVs, D, St, OT, XA, D, SQ, q0, nq, fresh, pf);
+          key_rows<Kern, SL>(dKs, D, dSt, QT, XA, D, SQ, q0, nq, fresh, pf);
           query_rows<Kern, SL>(sh.row(dq, b, h, q0), ldq, dSt, KB, XA, D, ST, q0, nq, st, pf);
           pf.finish();
         }

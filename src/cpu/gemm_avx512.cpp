@@ -218,7 +218,9 @@ void pack(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int
 // in dW's A), where no hardware prefetcher follows, so each line would wait on DRAM in turn
 // (W2 bf16 SGD products -18 %, dx -4 % on Zen 5; fp32 dW reads its A in place). One chunk
 // ahead is not enough to cover DRAM latency: the chunk four ahead is also fetched into L2
-// (W2 bf16 SGD products a further -4 %, fp32 dx + dW -3 % on Zen 4). Written out
+// (W2 bf16 SGD products a further -4 %, fp32 dx + dW -3 % on Zen 4). Each panel packed issues
+// its share of those lines, not all of them in a burst before the first (measured on Zen 5:
+// wo and w2 bf16 SGD products -2 to -5 %, the others within noise; the same bits). Written out
 // here, not through a line visitor shared with panel_lines: built that way, GCC 12 left no
 // prefetch in the object at all (measured +24 %, then seen in the disassembly).
 template <bool BF>
@@ -230,14 +232,19 @@ void pack_panels(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t 
                 span = (lo(rows, r0 + n) - r0) * es;
   const char* src = static_cast<const char*>(v.p) + r0 * es;
   for (int64_t c = 0; c < S; c += chunk) {
-    if (chunked) {  // the chunk 4 ahead into L2, the next one into L1
-      for (int64_t k = (s0 + c + 4 * chunk) * per; k < lo(K, (s0 + c + 5 * chunk) * per); ++k)
-        for (int64_t b = 0; b < span; b += 64) _mm_prefetch(src + k * v.ks * es + b, _MM_HINT_T1);
-      for (int64_t k = (s0 + c + chunk) * per; k < lo(K, (s0 + c + 2 * chunk) * per); ++k)
-        for (int64_t b = 0; b < span; b += 64) _mm_prefetch(src + k * v.ks * es + b, _MM_HINT_T0);
-    }
-    for (int64_t r = 0; r < n; r += R)
+    const int64_t k4 = (s0 + c + 4 * chunk) * per, e4 = lo(K, k4 + chunk * per),
+                  k1 = (s0 + c + chunk) * per, e1 = lo(K, k1 + chunk * per);
+    for (int64_t r = 0; r < n; r += R) {
+      if (chunked) {  // the chunk 4 ahead into L2, the next one into L1: a panel's share
+        const int64_t lines = (span + 63) / 64, np = (n + R - 1) / R, p = r / R;
+        const int64_t b0 = p * lines / np * 64, b1 = (p + 1) * lines / np * 64;
+        for (int64_t k = k4; k < e4; ++k)
+          for (int64_t b = b0; b < b1; b += 64) _mm_prefetch(src + k * v.ks * es + b, _MM_HINT_T1);
+        for (int64_t k = k1; k < e1; ++k)
+          for (int64_t b = b0; b < b1; b += 64) _mm_prefetch(src + k * v.ks * es + b, _MM_HINT_T0);
+      }
       pack<BF>(dst + r * S + c * R, v, rows, K, r0 + r, R, s0 + c, lo(chunk, S - c));
+    }
   }
 }
 
