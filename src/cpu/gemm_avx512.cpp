@@ -218,9 +218,11 @@ void pack(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t r0, int
 // in dW's A), where no hardware prefetcher follows, so each line would wait on DRAM in turn
 // (W2 bf16 SGD products -18 %, dx -4 % on Zen 5; fp32 dW reads its A in place). One chunk
 // ahead is not enough to cover DRAM latency: the chunk four ahead is also fetched into L2
-// (W2 bf16 SGD products a further -4 %, fp32 dx + dW -3 % on Zen 4). Each panel packed issues
-// its share of those lines, not all of them in a burst before the first (measured on Zen 5:
-// wo and w2 bf16 SGD products -2 to -5 %, the others within noise; the same bits). Written out
+// (W2 bf16 SGD products a further -4 %, fp32 dx + dW -3 % on Zen 4). Where the rows are
+// long (at least a line a panel: x in the wo and w2 SGD products), each panel packed issues
+// its share of those lines, not all of them in a burst before the first (Zen 5, both ways
+// alternating in one process: those products -3 to -6 %; spread over short runs, A of qkv
+// and w13, +1 to +3 %; the same bits). Written out
 // here, not through a line visitor shared with panel_lines: built that way, GCC 12 left no
 // prefetch in the object at all (measured +24 %, then seen in the disassembly).
 template <bool BF>
@@ -235,9 +237,11 @@ void pack_panels(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t 
     const int64_t k4 = (s0 + c + 4 * chunk) * per, e4 = lo(K, k4 + chunk * per),
                   k1 = (s0 + c + chunk) * per, e1 = lo(K, k1 + chunk * per);
     for (int64_t r = 0; r < n; r += R) {
-      if (chunked) {  // the chunk 4 ahead into L2, the next one into L1: a panel's share
+      if (chunked) {  // the chunk 4 ahead into L2, the next one into L1 (spread: a panel's share)
         const int64_t lines = (span + 63) / 64, np = (n + R - 1) / R, p = r / R;
-        const int64_t b0 = p * lines / np * 64, b1 = (p + 1) * lines / np * 64;
+        const bool spread = lines >= np;
+        const int64_t b0 = spread ? p * lines / np * 64 : 0,
+                      b1 = spread ? (p + 1) * lines / np * 64 : r == 0 ? lines * 64 : 0;
         for (int64_t k = k4; k < e4; ++k)
           for (int64_t b = b0; b < b1; b += 64) _mm_prefetch(src + k * v.ks * es + b, _MM_HINT_T1);
         for (int64_t k = k1; k < e1; ++k)
