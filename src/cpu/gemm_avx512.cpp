@@ -233,13 +233,15 @@ void pack_panels(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t 
   const int64_t chunk = chunked ? (BF ? 4 : 8) : S, es = v.bf16 ? 2 : 4,
                 span = (lo(rows, r0 + n) - r0) * es;
   const char* src = static_cast<const char*>(v.p) + r0 * es;
+  // lines of a chunk's k row; spread over the panels where each gets one of its own
+  const int64_t lines = (span + 63) / 64, np = (n + R - 1) / R;
+  const bool spread = lines >= np;
   for (int64_t c = 0; c < S; c += chunk) {
     const int64_t k4 = (s0 + c + 4 * chunk) * per, e4 = lo(K, k4 + chunk * per),
                   k1 = (s0 + c + chunk) * per, e1 = lo(K, k1 + chunk * per);
     for (int64_t r = 0; r < n; r += R) {
       if (chunked) {  // the chunk 4 ahead into L2, the next one into L1 (spread: a panel's share)
-        const int64_t lines = (span + 63) / 64, np = (n + R - 1) / R, p = r / R;
-        const bool spread = lines >= np;
+        const int64_t p = r / R;
         const int64_t b0 = spread ? p * lines / np * 64 : 0,
                       b1 = spread ? (p + 1) * lines / np * 64 : r == 0 ? lines * 64 : 0;
         for (int64_t k = k4; k < e4; ++k)

@@ -552,10 +552,6 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
 // as two loops, an -O2 build fused `1 + x (1 - sg)` into an fma in one and not the other (a
 // different bf16 near x = -1 / (1 - sg)).
 template <class E, bool RND>
-static inline E store_as(float x) {
-  return store_as<E>(x, RND);
-}
-template <class E, bool RND>
 static void swiglu_fwd(E* out, const E* ab, int64_t N, int64_t F) {
   constexpr int64_t step = kStep * 4 / sizeof(E), ahead = kAhead * 4 / sizeof(E);
 #pragma omp parallel for schedule(static) if (N * F > 16384)
@@ -570,7 +566,7 @@ static void swiglu_fwd(E* out, const E* ab, int64_t N, int64_t F) {
 #pragma omp simd
       for (int64_t f = f0; f < f1; ++f) {
         const float x = load(a[f]);
-        o[f] = store_as<E, RND>(x / (1.0f + vexp(-x)) * load(b[f]));
+        o[f] = store_as<E>(x / (1.0f + vexp(-x)) * load(b[f]), RND);
       }
     }
   }
@@ -593,8 +589,8 @@ static void swiglu_bwd(E* dab, const E* dout, const E* ab, int64_t N, int64_t F)
       for (int64_t f = f0; f < f1; ++f) {
         const float x = load(a[f]), y = load(b[f]), gf = load(g[f]);
         const float sg = 1.0f / (1.0f + vexp(-x));
-        da[f] = store_as<E, RND>(gf * y * sg * (1.0f + x * (1.0f - sg)));
-        db[f] = store_as<E, RND>(gf * x * sg);
+        da[f] = store_as<E>(gf * y * sg * (1.0f + x * (1.0f - sg)), RND);
+        db[f] = store_as<E>(gf * x * sg, RND);
       }
     }
   }
