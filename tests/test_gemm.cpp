@@ -229,6 +229,43 @@ TEST(Gemm, RowBandsOverSeveralColumnBlocks) {
   }
 }
 
+// Where a block of A serves at most 8 B panels (N <= 256 and more rows than one block) and its
+// rows are contiguous in k, the kernels read A in place instead of packing it: the same bits as
+// the packed path, which the same values in a strided layout take. fp32 (accumulated too) and
+// bf16 storage stored as bf16 (its pairs in place; an odd K packs), at 1 and 3 threads, with
+// a wider N that packs either way.
+TEST(Gemm, NarrowProductsReadAInPlaceWithTheSameBits) {
+  FOR_EACH_SET(set) {
+    uint32_t seed = 900;
+    const Case cases[] = {{400, 40, 600}, {300, 256, 1100}, {450, 257, 300}, {290, 33, 513}};
+    for (const Case& c : cases)
+      for (int kind = 0; kind < 3; ++kind) {  // fp32; fp32 accumulated; bf16 storage
+        const bool h16 = kind == 2, acc = kind == 1;
+        const Operand A = make(c.M, c.K, Layout::kcontig, h16, h16, seed);
+        const Operand As = make(c.M, c.K, Layout::strided, h16, h16, seed++);
+        const Operand B = make(c.N, c.K, Layout::kcontig, h16, h16, seed++);
+        const std::vector<double> c0 = test::randn(size_t(c.M * c.N), seed++);
+        for (int threads : {1, 3}) {
+          omp_set_num_threads(threads);
+          std::vector<float> in(c0.begin(), c0.end()), packed(c0.begin(), c0.end());
+          if (h16) {
+            set->bf16(c.M, c.N, c.K, A.view, B.view, in.data(), c.N, false, 1.0f, cpu::Store::bf16);
+            set->bf16(c.M, c.N, c.K, As.view, B.view, packed.data(), c.N, false, 1.0f,
+                      cpu::Store::bf16);
+          } else {
+            set->f32(c.M, c.N, c.K, A.view, B.view, in.data(), c.N, acc, 1.0f, cpu::Store::f32);
+            set->f32(c.M, c.N, c.K, As.view, B.view, packed.data(), c.N, acc, 1.0f,
+                     cpu::Store::f32);
+          }
+          ASSERT_EQ(std::memcmp(in.data(), packed.data(), in.size() * 4), 0)
+              << set->name << ": M=" << c.M << " N=" << c.N << " K=" << c.K << " kind " << kind
+              << ", " << threads << " threads";
+        }
+        omp_set_num_threads(cpu::threads());
+      }
+  }
+}
+
 // The backward with the SGD step fused (matmul_backward_sgd, _bf16w) is its two products bit for
 // bit: dx = dout W, then the SGD step on W, at 1 thread against 1, 2, 3 and 5 threads; fp32, and
 // the bf16 kind with bf16 weights, dx stored in each way, dout and x in fp32 or bf16 storage.

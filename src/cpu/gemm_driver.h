@@ -31,6 +31,9 @@
 //   kScaledColsA           whether scaled sums (alpha, SGD) read a rows-contiguous fp32 A in
 //                          place with micro_cols instead of packing it (needs kInPlaceA, and
 //                          micro_cols with its optional arguments)
+//   kNarrowInPlaceA        whether an A with its rows contiguous in k (fp32, or bf16 storage
+//                          summed as pairs) is read in place by micro_inplace where a block of
+//                          it serves at most 8 B panels (below)
 //   kInPlaceB              true if it also has, with B's fp32 rows read in place:
 //     micro_bip(S, A, B, ldb, C, ldc, mr, nr, acc, pf, npf, rnd)
 #pragma once
@@ -469,7 +472,19 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       // (the copy waited on its loads: 15 % of the product's time on this VM).
       const bool acols =
           Kern::kScaledColsA && SL == Slot::f32 && split && !stream && A.rs == 1 && !A.bf16;
-      for (int64_t s0 = 0; s0 < kc && !acols; s0 += sub)
+      // A block that serves few B panels (at most 8: long sums into 256 columns, the forward of
+      // wo, w2 and dx of qkv, w13 at W2) is read in place, MR rows a slot, not packed: its pack
+      // (a transpose of rows 8-24 KiB apart, from DRAM) served 8 panels only. On the Zen 5 VM,
+      // fp32: wo, w2 forward -6 to -9 %, qkv, w13 dx -6 to -16 %; bf16 storage (its pairs in
+      // place, the sums in Tp as below): -8 to -15 %, w13 dx unchanged. With more panels (K = 256
+      // into 4096 columns) packing is faster (+4 to +8 % in place), and so it is with one block
+      // of rows (W1, stream). The same sums in the same order: the same bits.
+      const bool ainp = Kern::kNarrowInPlaceA && SL == Slot::f32 && A.ks == 1 && !A.bf16 &&
+                        !split && !finish && !scaled && !stream && st == Store::f32 && nc <= 8 * NR;
+      const bool ainp16 = Kern::kNarrowInPlaceA && SL != Slot::f32 && A.ks == 1 && A.bf16 &&
+                          Kern::in_place(true, A, K) && split && st == Store::bf16 && !scaled &&
+                          !finish && !stream && nc <= 8 * NR;
+      for (int64_t s0 = 0; s0 < kc && !acols && !ainp && !ainp16; s0 += sub)
         Kern::template pack_panels<SL>(Ap + s0 * mt, A, M, K, ic, mc, MR, pc + s0,
                                        lo(sub, kc - s0));
       // Sub-block s0 of one tile; pf[0..np) are lines of the next B panel to fetch on the
@@ -501,11 +516,24 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           a = Ap;
           Kern::template pack<SL>(Ap, A, M, K, ic + ir, MR, pc + s0, sn);
         }
+        if constexpr (Kern::kNarrowInPlaceA)
+          if (ainp)
+            return Kern::micro_inplace(sn, static_cast<const float*>(A.p) + (ic + ir) * A.rs + pc,
+                                       false, A.rs, b, c, ldc, mr, nr, accumulate || pc > 0, pf,
+                                       np);
         if constexpr (Kern::kInPlaceB)
           if (bip)  // (one k block per tile store: not scaled)
             return Kern::micro_bip(sn, a, static_cast<const float*>(B.p) + pc * B.ks + jc + jr,
                                    B.ks, c, ldc, mr, nr, accumulate || pc > 0, pf, np,
                                    sl == Store::round);
+        if constexpr (Kern::kNarrowInPlaceA)
+          if (ainp16) {
+            Kern::micro_inplace(
+                sn, static_cast<const uint16_t*>(A.p) + (ic + ir) * A.rs + 2 * (pc + s0), true,
+                A.rs, b, tp, NCB, mr, nr, earlier, pf, np);
+            if (s0 + sn == kc) store_rounded(reinterpret_cast<uint16_t*>(c), ldc, tp, NCB, mr, nr);
+            return;
+          }
         if (split && st == Store::bf16) {  // sums in Tp, rounded into C when whole
           Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, earlier, 1.0f, nullptr, 0, pf,
                                           np);
