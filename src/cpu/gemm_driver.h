@@ -479,11 +479,11 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       // place, the sums in Tp as below): -8 to -15 %, w13 dx unchanged. With more panels (K = 256
       // into 4096 columns) packing is faster (+4 to +8 % in place), and so it is with one block
       // of rows (W1, stream). The same sums in the same order: the same bits.
-      const bool ainp = Kern::kNarrowInPlaceA && SL == Slot::f32 && A.ks == 1 && !A.bf16 &&
-                        !split && !finish && !scaled && !stream && st == Store::f32 && nc <= 8 * NR;
-      const bool ainp16 = Kern::kNarrowInPlaceA && SL != Slot::f32 && A.ks == 1 && A.bf16 &&
-                          Kern::in_place(true, A, K) && split && st == Store::bf16 && !scaled &&
-                          !finish && !stream && nc <= 8 * NR;
+      const bool narrow =
+          Kern::kNarrowInPlaceA && A.ks == 1 && !scaled && !finish && !stream && nc <= 8 * NR;
+      const bool ainp = narrow && SL == Slot::f32 && !A.bf16 && !split && st == Store::f32;
+      const bool ainp16 = narrow && SL != Slot::f32 && A.bf16 && Kern::in_place(true, A, K) &&
+                          split && st == Store::bf16;
       for (int64_t s0 = 0; s0 < kc && !acols && !ainp && !ainp16; s0 += sub)
         Kern::template pack_panels<SL>(Ap + s0 * mt, A, M, K, ic, mc, MR, pc + s0,
                                        lo(sub, kc - s0));
@@ -516,27 +516,22 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           a = Ap;
           Kern::template pack<SL>(Ap, A, M, K, ic + ir, MR, pc + s0, sn);
         }
-        if constexpr (Kern::kNarrowInPlaceA)
-          if (ainp)
-            return Kern::micro_inplace(sn, static_cast<const float*>(A.p) + (ic + ir) * A.rs + pc,
-                                       false, A.rs, b, c, ldc, mr, nr, accumulate || pc > 0, pf,
-                                       np);
+        if (ainp)
+          return Kern::micro_inplace(sn, static_cast<const float*>(A.p) + (ic + ir) * A.rs + pc,
+                                     false, A.rs, b, c, ldc, mr, nr, accumulate || pc > 0, pf, np);
         if constexpr (Kern::kInPlaceB)
           if (bip)  // (one k block per tile store: not scaled)
             return Kern::micro_bip(sn, a, static_cast<const float*>(B.p) + pc * B.ks + jc + jr,
                                    B.ks, c, ldc, mr, nr, accumulate || pc > 0, pf, np,
                                    sl == Store::round);
-        if constexpr (Kern::kNarrowInPlaceA)
-          if (ainp16) {
+        if (split && st == Store::bf16) {  // sums in Tp, rounded into C when whole
+          if (ainp16)
             Kern::micro_inplace(
                 sn, static_cast<const uint16_t*>(A.p) + (ic + ir) * A.rs + 2 * (pc + s0), true,
                 A.rs, b, tp, NCB, mr, nr, earlier, pf, np);
-            if (s0 + sn == kc) store_rounded(reinterpret_cast<uint16_t*>(c), ldc, tp, NCB, mr, nr);
-            return;
-          }
-        if (split && st == Store::bf16) {  // sums in Tp, rounded into C when whole
-          Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, earlier, 1.0f, nullptr, 0, pf,
-                                          np);
+          else
+            Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, earlier, 1.0f, nullptr, 0,
+                                            pf, np);
           if (s0 + sn == kc) store_rounded(reinterpret_cast<uint16_t*>(c), ldc, tp, NCB, mr, nr);
         } else if ((finish && !last) || s0 + sn < kc)
           Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, earlier, 1.0f, nullptr, 0, pf,
