@@ -229,18 +229,25 @@ TEST(Gemm, RowBandsOverSeveralColumnBlocks) {
   }
 }
 
-// Where a block of A serves at most 8 B panels (N <= 256 and more rows than one block) and its
-// rows are contiguous in k, the kernels read A in place instead of packing it: the same bits as
-// the packed path, which the same values in a strided layout take. fp32 (accumulated too) and
-// bf16 storage stored as bf16 (its pairs in place; an odd K packs), at 1 and 3 threads, with
-// a wider N that packs either way.
+// Where a block of A serves at most 256 columns (N <= 256 and more rows than one block) and its
+// rows are contiguous in k, the kernels read A in place instead of packing it (on CPUs whose L1d
+// has 12 ways or more; forced on here): the same bits as the packed path, which the same values
+// in a strided layout take. fp32 (accumulated too) and bf16 storage stored as bf16 (its pairs in
+// place; an odd K packs), at 1 and 3 threads, with a wider N that packs either way.
 TEST(Gemm, NarrowProductsReadAInPlaceWithTheSameBits) {
+  const bool was = cpu::narrow_a_in_place();
+  cpu::set_narrow_a_in_place(true);
+  struct Restore {
+    bool on;
+    ~Restore() { cpu::set_narrow_a_in_place(on); }
+  } restore{was};
   FOR_EACH_SET(set) {
     uint32_t seed = 900;
     const Case cases[] = {{400, 40, 600}, {300, 256, 1100}, {450, 257, 300}, {290, 33, 513}};
     for (const Case& c : cases)
       for (int kind = 0; kind < 3; ++kind) {  // fp32; fp32 accumulated; bf16 storage
         const bool h16 = kind == 2, acc = kind == 1;
+        const cpu::Store st = cpu::Store::bf16;
         const Operand A = make(c.M, c.K, Layout::kcontig, h16, h16, seed);
         const Operand As = make(c.M, c.K, Layout::strided, h16, h16, seed++);
         const Operand B = make(c.N, c.K, Layout::kcontig, h16, h16, seed++);
@@ -249,9 +256,8 @@ TEST(Gemm, NarrowProductsReadAInPlaceWithTheSameBits) {
           omp_set_num_threads(threads);
           std::vector<float> in(c0.begin(), c0.end()), packed(c0.begin(), c0.end());
           if (h16) {
-            set->bf16(c.M, c.N, c.K, A.view, B.view, in.data(), c.N, false, 1.0f, cpu::Store::bf16);
-            set->bf16(c.M, c.N, c.K, As.view, B.view, packed.data(), c.N, false, 1.0f,
-                      cpu::Store::bf16);
+            set->bf16(c.M, c.N, c.K, A.view, B.view, in.data(), c.N, false, 1.0f, st);
+            set->bf16(c.M, c.N, c.K, As.view, B.view, packed.data(), c.N, false, 1.0f, st);
           } else {
             set->f32(c.M, c.N, c.K, A.view, B.view, in.data(), c.N, acc, 1.0f, cpu::Store::f32);
             set->f32(c.M, c.N, c.K, As.view, B.view, packed.data(), c.N, acc, 1.0f,

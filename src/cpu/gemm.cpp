@@ -1,6 +1,9 @@
 // Which kernel set the products run on: decided once from the CPU and TQ_CPU (gemm.h).
 #include "cpu/gemm.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -47,7 +50,19 @@ const GemmSet* active() {
   return set;
 }
 
+// Measured faster in place on a 12-way L1d (the Zen 5 VM, both sets). On an 8-way one (the
+// Zen 4 VM of earlier stops) A read in place by rows measured 10-25 % slower over the W2
+// products (bench/NOTES.md): such CPUs keep packing.
+std::atomic<bool> narrow_a{sysconf(_SC_LEVEL1_DCACHE_ASSOC) >= 12};
+
 }  // namespace
+
+bool narrow_a_in_place() {
+  return narrow_a.load(std::memory_order_relaxed);
+}
+void set_narrow_a_in_place(bool on) {
+  narrow_a.store(on, std::memory_order_relaxed);
+}
 
 const GemmSet* gemm_set(Isa isa) {
 #ifdef TQ_NO_X86_KERNELS

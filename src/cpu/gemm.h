@@ -54,6 +54,12 @@ enum class Isa { avx2, avx512 };
 // that can). avx512 without BF16 does its bf16 kind with the avx2 kernels.
 const GemmSet* gemm_set(Isa isa);
 
+// Whether a product whose block of A serves at most 256 columns reads that A in place instead
+// of packing it (gemm_driver.h): on where L1d has at least 12 ways (the tile's rows, 8-24 KiB
+// apart, share one set). Decided once from the CPU; tests set it to cover both paths.
+bool narrow_a_in_place();
+void set_narrow_a_in_place(bool on);
+
 bool own_kernels();          // the products below may be called (some set is usable)
 const char* kernels_name();  // for the device line: "avx2 kernels", ..., "OpenBLAS kernels"
 

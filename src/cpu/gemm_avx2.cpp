@@ -354,7 +354,6 @@ struct Kern {
   static constexpr bool kInPlaceA = true, kInPlaceB = false;
   // (6-row tiles reading the SGD product's A in place measured 10-20 % slower than packing it)
   static constexpr bool kScaledColsA = false;
-  static constexpr bool kNarrowInPlaceA = false;  // (not measured on AVX2)
   static bool in_place(bool bf16_kind, const View& A, int64_t) { return !bf16_kind || A.bf16; }
   static void store_t(float* C, int64_t ldc, const float* T, int mr, int nr, Store st) {
     store_transposed(C, ldc, T, NR, mr, nr, st);

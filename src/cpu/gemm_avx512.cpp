@@ -443,7 +443,6 @@ struct Kern {
   static constexpr bool kInPlaceA = true;
   // the scaled sums read a rows-contiguous fp32 A in place (micro_cols): W2's SGD product -5 %
   static constexpr bool kScaledColsA = true;
-  static constexpr bool kNarrowInPlaceA = true;
   static bool in_place(bool bf16_kind, const View& A, int64_t K) {
     return bf16_kind
                ? A.bf16 && K % 2 == 0 && A.rs % 2 == 0 && reinterpret_cast<uintptr_t>(A.p) % 4 == 0

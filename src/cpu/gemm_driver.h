@@ -22,7 +22,7 @@
 //   micro<SL, SGD16>(S, A, B, C, ldc, mr, nr, acc, alpha, init, ldi, pf, npf, st)
 //                          C[mr, nr] (+)= Ap[S][MR] x Bp[S][NR] (below).
 //   kInPlaceA              true if it also has, with A read in place (gemm_skinny, attention,
-//                          the fp32 scaled sums of rows-contiguous A):
+//                          the fp32 scaled sums of rows-contiguous A, narrow products below):
 //     in_place(bf16_kind, A, K)   whether micro_inplace can read these rows
 //     micro_inplace(S, A, bf16, lda, B, C, ldc, mr, nr, acc, pf, npf),
 //     store_t(C, ldc, T, mr, nr, st),
@@ -31,9 +31,6 @@
 //   kScaledColsA           whether scaled sums (alpha, SGD) read a rows-contiguous fp32 A in
 //                          place with micro_cols instead of packing it (needs kInPlaceA, and
 //                          micro_cols with its optional arguments)
-//   kNarrowInPlaceA        whether an A with its rows contiguous in k (fp32, or bf16 storage
-//                          summed as pairs) is read in place by micro_inplace where a block of
-//                          it serves at most 8 B panels (below)
 //   kInPlaceB              true if it also has, with B's fp32 rows read in place:
 //     micro_bip(S, A, B, ldb, C, ldc, mr, nr, acc, pf, npf, rnd)
 #pragma once
@@ -472,18 +469,25 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       // (the copy waited on its loads: 15 % of the product's time on this VM).
       const bool acols =
           Kern::kScaledColsA && SL == Slot::f32 && split && !stream && A.rs == 1 && !A.bf16;
-      // A block that serves few B panels (at most 8: long sums into 256 columns, the forward of
-      // wo, w2 and dx of qkv, w13 at W2) is read in place, MR rows a slot, not packed: its pack
-      // (a transpose of rows 8-24 KiB apart, from DRAM) served 8 panels only. On the Zen 5 VM,
-      // fp32: wo, w2 forward -6 to -9 %, qkv, w13 dx -6 to -16 %; bf16 storage (its pairs in
-      // place, the sums in Tp as below): -8 to -15 %, w13 dx unchanged. With more panels (K = 256
-      // into 4096 columns) packing is faster (+4 to +8 % in place), and so it is with one block
-      // of rows (W1, stream). The same sums in the same order: the same bits.
-      const bool narrow =
-          Kern::kNarrowInPlaceA && A.ks == 1 && !scaled && !finish && !stream && nc <= 8 * NR;
+      // A block that serves few columns (at most 256: long sums into 256 columns, the forward
+      // of wo, w2 and dx of qkv, w13 at W2) is read in place, MR rows a slot, not packed: its
+      // pack (a transpose of rows 8-24 KiB apart, from DRAM) served 8 AVX-512 panels only. On
+      // the Zen 5 VM, AVX-512 fp32: wo, w2 forward -6 to -9 %, qkv, w13 dx -6 to -16 %; bf16
+      // storage stored as bf16 (pairs in place, the sums in Tp as below; no product of the
+      // model stores so): -8 to -15 %, w13 dx unchanged;
+      // AVX2 fp32 (16 panels) -9 to -11 %. With more columns (K = 256 into 4096) packing is as
+      // fast or faster (AVX-512 +4 to +8 % in place), and so it is with one block of rows (W1,
+      // stream). The same sums in the same order: the same bits.
+      const bool narrow = Kern::kInPlaceA && narrow_a_in_place() && A.ks == 1 && !scaled &&
+                          !finish && !stream && nc <= 256;
       const bool ainp = narrow && SL == Slot::f32 && !A.bf16 && !split && st == Store::f32;
       const bool ainp16 = narrow && SL != Slot::f32 && A.bf16 && Kern::in_place(true, A, K) &&
                           split && st == Store::bf16;
+      const auto a_at = [&](int64_t ir, int64_t s) -> const void* {  // row ic + ir from slot s
+        const int64_t e = (ic + ir) * A.rs + per_slot(SL) * s;
+        if (A.bf16) return static_cast<const uint16_t*>(A.p) + e;
+        return static_cast<const float*>(A.p) + e;
+      };
       for (int64_t s0 = 0; s0 < kc && !acols && !ainp && !ainp16; s0 += sub)
         Kern::template pack_panels<SL>(Ap + s0 * mt, A, M, K, ic, mc, MR, pc + s0,
                                        lo(sub, kc - s0));
@@ -516,9 +520,9 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           a = Ap;
           Kern::template pack<SL>(Ap, A, M, K, ic + ir, MR, pc + s0, sn);
         }
-        if (ainp)
-          return Kern::micro_inplace(sn, static_cast<const float*>(A.p) + (ic + ir) * A.rs + pc,
-                                     false, A.rs, b, c, ldc, mr, nr, accumulate || pc > 0, pf, np);
+        if (ainp)  // (one sub-block: s0 = 0)
+          return Kern::micro_inplace(sn, a_at(ir, pc), false, A.rs, b, c, ldc, mr, nr,
+                                     accumulate || pc > 0, pf, np);
         if constexpr (Kern::kInPlaceB)
           if (bip)  // (one k block per tile store: not scaled)
             return Kern::micro_bip(sn, a, static_cast<const float*>(B.p) + pc * B.ks + jc + jr,
@@ -526,9 +530,8 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
                                    sl == Store::round);
         if (split && st == Store::bf16) {  // sums in Tp, rounded into C when whole
           if (ainp16)
-            Kern::micro_inplace(
-                sn, static_cast<const uint16_t*>(A.p) + (ic + ir) * A.rs + 2 * (pc + s0), true,
-                A.rs, b, tp, NCB, mr, nr, earlier, pf, np);
+            Kern::micro_inplace(sn, a_at(ir, pc + s0), true, A.rs, b, tp, NCB, mr, nr, earlier, pf,
+                                np);
           else
             Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, earlier, 1.0f, nullptr, 0,
                                             pf, np);
