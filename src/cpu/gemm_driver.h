@@ -472,12 +472,12 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       // A block that serves few columns (at most 256: long sums into 256 columns, the forward
       // of wo, w2 and dx of qkv, w13 at W2) is read in place, MR rows a slot, not packed: its
       // pack (a transpose of rows 8-24 KiB apart, from DRAM) served 8 AVX-512 panels only. On
-      // the Zen 5 VM, AVX-512 fp32: wo, w2 forward -6 to -9 %, qkv, w13 dx -6 to -16 %; bf16
-      // storage stored as bf16 (pairs in place, the sums in Tp as below; no product of the
-      // model stores so): -8 to -15 %, w13 dx unchanged;
-      // AVX2 fp32 (16 panels) -9 to -11 %. With more columns (K = 256 into 4096) packing is as
-      // fast or faster (AVX-512 +4 to +8 % in place), and so it is with one block of rows (W1,
-      // stream). The same sums in the same order: the same bits.
+      // the Zen 5 VM, AVX-512 fp32: wo, w2 forward -6 to -9 %, qkv, w13 dx -6 to -16 %; AVX2
+      // fp32 (16 panels) -9 to -11 %; bf16 storage stored as bf16 (pairs in place, the sums in
+      // Tp as below; no product of the model stores so): -8 to -15 %, w13 dx unchanged. With
+      // more columns (K = 256 into 4096) packing is as fast or faster (AVX-512 +4 to +8 % in
+      // place), and so it is with one block of rows (W1, stream). The same sums in the same
+      // order: the same bits.
       const bool narrow = Kern::kInPlaceA && narrow_a_in_place() && A.ks == 1 && !scaled &&
                           !finish && !stream && nc <= 256;
       const bool ainp = narrow && SL == Slot::f32 && !A.bf16 && !split && st == Store::f32;
