@@ -230,17 +230,15 @@ TEST(Gemm, RowBandsOverSeveralColumnBlocks) {
 }
 
 // Where a block of A serves at most 256 columns (N <= 256 and more rows than one block) and its
-// rows are contiguous in k, the kernels read A in place instead of packing it (on CPUs whose L1d
-// has 12 ways or more; forced on here): the same bits as the packed path, which the same values
-// in a strided layout take. fp32 (accumulated too) and bf16 storage stored as bf16 (its pairs in
-// place; an odd K packs), at 1 and 3 threads, with a wider N that packs either way.
+// rows are contiguous in k, the kernels read A in place instead of packing it (where the L1d
+// holds a tile's rows beside a B panel; forced on here): the same bits as the packed path, which
+// the same values in a strided layout take. fp32 (accumulated too) and bf16 storage stored as bf16
+// (its pairs in place; an odd K packs), at 1 and 3 threads, with a wider N that packs either way.
 TEST(Gemm, NarrowProductsReadAInPlaceWithTheSameBits) {
-  const bool was = cpu::narrow_a_in_place();
-  cpu::set_narrow_a_in_place(true);
+  cpu::force_narrow_a_in_place(true);
   struct Restore {
-    bool on;
-    ~Restore() { cpu::set_narrow_a_in_place(on); }
-  } restore{was};
+    ~Restore() { cpu::force_narrow_a_in_place(false); }
+  } restore;
   FOR_EACH_SET(set) {
     uint32_t seed = 900;
     const Case cases[] = {{400, 40, 600}, {300, 256, 1100}, {450, 257, 300}, {290, 33, 513}};

@@ -50,18 +50,19 @@ const GemmSet* active() {
   return set;
 }
 
-// Measured faster in place on a 12-way L1d (the Zen 5 VM, both sets). On an 8-way one (the
-// Zen 4 VM of earlier stops) A read in place by rows measured 10-25 % slower over the W2
-// products (bench/NOTES.md): such CPUs keep packing.
-std::atomic<bool> narrow_a{sysconf(_SC_LEVEL1_DCACHE_ASSOC) >= 12};
+const long l1_bytes = sysconf(_SC_LEVEL1_DCACHE_SIZE), l1_ways = sysconf(_SC_LEVEL1_DCACHE_ASSOC);
+std::atomic<bool> narrow_forced{false};
 
 }  // namespace
 
-bool narrow_a_in_place() {
-  return narrow_a.load(std::memory_order_relaxed);
+bool narrow_a_in_place(int rows, int64_t panel_bytes) {
+  if (narrow_forced.load(std::memory_order_relaxed)) return true;
+  if (l1_bytes <= 0 || l1_ways <= 0) return false;  // (unknown: pack)
+  const int64_t way = l1_bytes / l1_ways;           // a contiguous panel's bytes per line of a set
+  return rows + (panel_bytes + way - 1) / way <= l1_ways;
 }
-void set_narrow_a_in_place(bool on) {
-  narrow_a.store(on, std::memory_order_relaxed);
+void force_narrow_a_in_place(bool on) {
+  narrow_forced.store(on, std::memory_order_relaxed);
 }
 
 const GemmSet* gemm_set(Isa isa) {

@@ -55,10 +55,12 @@ enum class Isa { avx2, avx512 };
 const GemmSet* gemm_set(Isa isa);
 
 // Whether a product whose block of A serves at most 256 columns reads that A in place instead
-// of packing it (gemm_driver.h): on where L1d has at least 12 ways (the tile's rows, 8-24 KiB
-// apart, share one set). Decided once from the CPU; tests set it to cover both paths.
-bool narrow_a_in_place();
-void set_narrow_a_in_place(bool on);
+// of packing it (gemm_driver.h). The tile's `rows` rows of A lie a multiple of 4 KiB apart, so
+// their lines share one L1d set with the lines a B panel of `panel_bytes` leaves there: in
+// place only where both fit the L1d's ways (from sysconf), else the rows evict each other.
+// force_narrow_a_in_place(true) makes it always so (tests); false: by the L1d again.
+bool narrow_a_in_place(int rows, int64_t panel_bytes);
+void force_narrow_a_in_place(bool on);
 
 bool own_kernels();          // the products below may be called (some set is usable)
 const char* kernels_name();  // for the device line: "avx2 kernels", ..., "OpenBLAS kernels"

@@ -399,6 +399,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   // A scaled sum up to SCMAX slots (the fused SGD over 2048 tokens) is one k block: measured
   // faster than finishing C blocks over several; NC shrinks to keep packed B within 4 MiB.
   const bool scaled = alpha != 1.0f || SGD16;
+  const bool narrow_ok = Kern::kInPlaceA && narrow_a_in_place(MR, NR * KCMAX * 4);  // (below)
   // bf16 storage cannot hold partial sums either: a sum over several k blocks is packed as one
   // block like a scaled sum, summed in Tp by sub-blocks that are the fp32 path's k blocks (in
   // its order), and rounded into C when whole: the bits of Store::round.
@@ -471,15 +472,13 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           Kern::kScaledColsA && SL == Slot::f32 && split && !stream && A.rs == 1 && !A.bf16;
       // A block that serves few columns (at most 256: long sums into 256 columns, the forward
       // of wo, w2 and dx of qkv, w13 at W2) is read in place, MR rows a slot, not packed: its
-      // pack (a transpose of rows 8-24 KiB apart, from DRAM) served 8 AVX-512 panels only. On
-      // the Zen 5 VM, AVX-512 fp32: wo, w2 forward -6 to -9 %, qkv, w13 dx -6 to -16 %; AVX2
-      // fp32 (16 panels) -9 to -11 %; bf16 storage stored as bf16 (pairs in place, the sums in
-      // Tp as below; no product of the model stores so): -8 to -15 %, w13 dx unchanged. With
-      // more columns (K = 256 into 4096) packing is as fast or faster (AVX-512 +4 to +8 % in
-      // place), and so it is with one block of rows (W1, stream). The same sums in the same
-      // order: the same bits.
-      const bool narrow = Kern::kInPlaceA && narrow_a_in_place() && A.ks == 1 && !scaled &&
-                          !finish && !stream && nc <= 256;
+      // pack (a transpose of rows 8-24 KiB apart, from DRAM) served 16 AVX2 panels only. Where
+      // the L1d holds the tile's rows beside the B panel (narrow_ok): on the Zen 5 VM the AVX2
+      // set, fp32 products -9.5 to -12.5 % over 3 minutes of calls. Its AVX-512 set (12 rows
+      // and a 32 KiB panel: 20 lines for a 12-way set) measured -6 to +5 % by turns, -7 to +20
+      // % in slow phases: it packs. With more columns packing is as fast or faster, and so it is
+      // with one block of rows (W1, stream). The same sums in the same order: the same bits.
+      const bool narrow = narrow_ok && A.ks == 1 && !scaled && !finish && !stream && nc <= 256;
       const bool ainp = narrow && SL == Slot::f32 && !A.bf16 && !split && st == Store::f32;
       const bool ainp16 = narrow && SL != Slot::f32 && A.bf16 && Kern::in_place(true, A, K) &&
                           split && st == Store::bf16;
