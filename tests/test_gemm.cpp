@@ -245,7 +245,6 @@ TEST(Gemm, NarrowProductsReadAInPlaceWithTheSameBits) {
     for (const Case& c : cases)
       for (int kind = 0; kind < 3; ++kind) {  // fp32; fp32 accumulated; bf16 storage
         const bool h16 = kind == 2, acc = kind == 1;
-        const cpu::Store st = cpu::Store::bf16;
         const Operand A = make(c.M, c.K, Layout::kcontig, h16, h16, seed);
         const Operand As = make(c.M, c.K, Layout::strided, h16, h16, seed++);
         const Operand B = make(c.N, c.K, Layout::kcontig, h16, h16, seed++);
@@ -254,8 +253,9 @@ TEST(Gemm, NarrowProductsReadAInPlaceWithTheSameBits) {
           omp_set_num_threads(threads);
           std::vector<float> in(c0.begin(), c0.end()), packed(c0.begin(), c0.end());
           if (h16) {
-            set->bf16(c.M, c.N, c.K, A.view, B.view, in.data(), c.N, false, 1.0f, st);
-            set->bf16(c.M, c.N, c.K, As.view, B.view, packed.data(), c.N, false, 1.0f, st);
+            set->bf16(c.M, c.N, c.K, A.view, B.view, in.data(), c.N, false, 1.0f, cpu::Store::bf16);
+            set->bf16(c.M, c.N, c.K, As.view, B.view, packed.data(), c.N, false, 1.0f,
+                      cpu::Store::bf16);
           } else {
             set->f32(c.M, c.N, c.K, A.view, B.view, in.data(), c.N, acc, 1.0f, cpu::Store::f32);
             set->f32(c.M, c.N, c.K, As.view, B.view, packed.data(), c.N, acc, 1.0f,

@@ -475,9 +475,10 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       // pack (a transpose of rows 8-24 KiB apart, from DRAM) served 16 AVX2 panels only. Where
       // the L1d holds the tile's rows beside the B panel (narrow_ok): on the Zen 5 VM the AVX2
       // set, fp32 products -9.5 to -12.5 % over 3 minutes of calls. Its AVX-512 set (12 rows
-      // and a 32 KiB panel: 20 lines for a 12-way set) measured -6 to +5 % by turns, -7 to +20
-      // % in slow phases: it packs. With more columns packing is as fast or faster, and so it is
-      // with one block of rows (W1, stream). The same sums in the same order: the same bits.
+      // and a 32 KiB panel: 20 lines for a 12-way set) measured -6 to +5 % by turns, and +7 to
+      // +20 % in slow phases: it packs. With more columns packing is as fast or faster, and so
+      // it is with one block of rows (W1, stream). The same sums in the same order: the same
+      // bits.
       const bool narrow = narrow_ok && A.ks == 1 && !scaled && !finish && !stream && nc <= 256;
       const bool ainp = narrow && SL == Slot::f32 && !A.bf16 && !split && st == Store::f32;
       const bool ainp16 = narrow && SL != Slot::f32 && A.bf16 && Kern::in_place(true, A, K) &&
