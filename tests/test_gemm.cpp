@@ -229,6 +229,21 @@ TEST(Gemm, RowBandsOverSeveralColumnBlocks) {
   }
 }
 
+// The L1 rule of the narrow in-place path: a tile's rows (one set) beside a B panel's lines in
+// that set must fit its ways. Zen 5 (48 KiB, 12 ways): the AVX2 set (6 rows, 16 KiB panel: 10
+// lines) fits, AVX-512 (12 rows, 32 KiB: 20) does not; a 32 KiB 8-way L1d fits neither; an
+// unknown L1d packs.
+TEST(Gemm, NarrowInPlaceRuleCountsTheLinesOfOneSet) {
+  EXPECT_TRUE(cpu::narrow_fits_l1(6, 16 * 256 * 4, 48 << 10, 12));
+  EXPECT_FALSE(cpu::narrow_fits_l1(12, 32 * 256 * 4, 48 << 10, 12));
+  EXPECT_FALSE(cpu::narrow_fits_l1(6, 16 * 256 * 4, 32 << 10, 8));
+  EXPECT_FALSE(cpu::narrow_fits_l1(12, 32 * 256 * 4, 32 << 10, 8));
+  EXPECT_TRUE(cpu::narrow_fits_l1(8, 16 << 10, 48 << 10, 12));   // 8 + 4 = 12: just fits
+  EXPECT_FALSE(cpu::narrow_fits_l1(9, 16 << 10, 48 << 10, 12));  // 13
+  EXPECT_FALSE(cpu::narrow_fits_l1(6, 16 << 10, 0, 12));
+  EXPECT_FALSE(cpu::narrow_fits_l1(6, 16 << 10, 48 << 10, 0));
+}
+
 // Where a block of A serves at most 256 columns (N <= 256 and more rows than one block) and its
 // rows are contiguous in k, the kernels read A in place instead of packing it (where the L1d
 // holds a tile's rows beside a B panel; forced on here): the same bits as the packed path, which

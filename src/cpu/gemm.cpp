@@ -55,11 +55,14 @@ std::atomic<bool> narrow_forced{false};
 
 }  // namespace
 
-bool narrow_a_in_place(int rows, int64_t panel_bytes) {
-  if (narrow_forced.load(std::memory_order_relaxed)) return true;
+bool narrow_fits_l1(int rows, int64_t panel_bytes, int64_t l1_bytes, int64_t l1_ways) {
   if (l1_bytes <= 0 || l1_ways <= 0) return false;  // (unknown: pack)
   const int64_t way = l1_bytes / l1_ways;           // a contiguous panel's bytes per line of a set
   return rows + (panel_bytes + way - 1) / way <= l1_ways;
+}
+bool narrow_a_in_place(int rows, int64_t panel_bytes) {
+  return narrow_forced.load(std::memory_order_relaxed) ||
+         narrow_fits_l1(rows, panel_bytes, l1_bytes, l1_ways);
 }
 void force_narrow_a_in_place(bool on) {
   narrow_forced.store(on, std::memory_order_relaxed);

@@ -61,6 +61,8 @@ const GemmSet* gemm_set(Isa isa);
 // force_narrow_a_in_place(true) makes it always so (tests); false: by the L1d again.
 bool narrow_a_in_place(int rows, int64_t panel_bytes);
 void force_narrow_a_in_place(bool on);
+// The rule itself, for an L1d of l1_bytes in l1_ways ways (either <= 0: unknown, so false).
+bool narrow_fits_l1(int rows, int64_t panel_bytes, int64_t l1_bytes, int64_t l1_ways);
 
 bool own_kernels();          // the products below may be called (some set is usable)
 const char* kernels_name();  // for the device line: "avx2 kernels", ..., "OpenBLAS kernels"
