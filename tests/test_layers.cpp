@@ -140,12 +140,16 @@ TEST_P(Attention, MatchesReferenceAndFiniteDifferences) {
                     1e-12);
 
   auto qf = to_f(q), kf = to_f(k), vf = to_f(v), Gf = to_f(G);
-  std::vector<float> of(nq), lsef(B * H * T), dqf(nq, 3.0f), dkf(nk, 3.0f), dvf(nk, 3.0f);
+  const auto lse_of = [&](const std::vector<float>& stats) {  // its first B H T floats
+    return std::vector<float>(stats.begin(), stats.begin() + B * H * T);
+  };
+  std::vector<float> of(nq), lsef(cpu::attention_stats(B, T, H, false)), dqf(nq, 3.0f),
+      dkf(nk, 3.0f), dvf(nk, 3.0f);
   cpu::attention_forward(of.data(), lsef.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH, D);
   cpu::attention_backward(dqf.data(), dkf.data(), dvf.data(), Gf.data(), of.data(), lsef.data(),
                           qf.data(), kf.data(), vf.data(), B, T, H, KVH, D);
   EXPECT_LT(rel_l2(of, o), kFast);
-  EXPECT_LT(rel_l2(lsef, lse), kFast);
+  EXPECT_LT(rel_l2(lse_of(lsef), lse), kFast);
   EXPECT_LT(rel_l2(dqf, dq), kFast);
   EXPECT_LT(rel_l2(dkf, dk), kFast);
   EXPECT_LT(rel_l2(dvf, dv), kFast);
@@ -160,13 +164,14 @@ TEST_P(Attention, MatchesReferenceAndFiniteDifferences) {
                           qr.data(), kr.data(), vr.data(), B, T, H, KVH, D);
   std::fill(dqf.begin(), dqf.end(), 3.0f), std::fill(dkf.begin(), dkf.end(), 3.0f),
       std::fill(dvf.begin(), dvf.end(), 3.0f);
+  lsef.assign(size_t(cpu::attention_stats(B, T, H, true)), 0.0f);
   cpu::attention_forward_bf16(of.data(), lsef.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH,
                               D);
   cpu::attention_backward_bf16(dqf.data(), dkf.data(), dvf.data(), Gf.data(), of.data(),
                                lsef.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH, D);
   constexpr double kBf16 = 1e-2;  // bf16 rounding of P and dS: 2^-9 relative each
   EXPECT_LT(rel_l2(of, o), kBf16);
-  EXPECT_LT(rel_l2(lsef, lse), kFast);  // scores are exact products of bf16 values
+  EXPECT_LT(rel_l2(lse_of(lsef), lse), kFast);  // scores are exact products of bf16 values
   EXPECT_LT(rel_l2(dqf, dq), kBf16);
   EXPECT_LT(rel_l2(dkf, dk), kBf16);
   EXPECT_LT(rel_l2(dvf, dv), kBf16);
@@ -177,11 +182,51 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
                                            AttnShape{1, 6, 8, 1, 2}, AttnShape{1, 33, 4, 2, 16},
                                            AttnShape{2, 70, 2, 1, 4}, AttnShape{1, 130, 4, 2, 8}));
 
+// The probabilities a forward of the kernels saved in stats (AttnProbs), each checked against
+// exp(q k / sqrt(D) - lse) of the reference (to tol), 0 where masked; returned in the layout's
+// order, as fp32.
+std::vector<float> saved_probs(const float* stats, bool bf, const AttnShape& sh, const Vec& q,
+                               const Vec& k, const Vec& lse, double tol, const std::string& what) {
+  const auto [B, T, H, KVH, D] = sh;
+  const cpu::AttnProbs pr(T);
+  const void* P = cpu::AttnProbs::probs(stats, B, T, H);
+  std::vector<float> all;
+  int bad = 0;
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int q0 = 0; q0 < T; q0 += int(cpu::kAttnQB)) {
+        const int nq = std::min(int(cpu::kAttnQB), T - q0);
+        for (int j = 0; j < q0 + nq; ++j)
+          for (int c = int(cpu::AttnProbs::first(j, q0)); c < nq; ++c) {
+            const int64_t at = (int64_t(b) * H + h) * pr.per_head() + pr.row(q0, j) -
+                               cpu::AttnProbs::first(j, q0) + c;
+            const float p =
+                bf ? std::bit_cast<float>(uint32_t(static_cast<const uint16_t*>(P)[at]) << 16)
+                   : static_cast<const float*>(P)[at];
+            const int i = q0 + c;
+            double want = 0.0;
+            if (j <= i) {
+              double s = 0.0;
+              for (int d = 0; d < D; ++d)
+                s += q[((int64_t(b) * T + i) * H + h) * D + d] *
+                     k[((int64_t(b) * T + j) * KVH + h / (H / KVH)) * D + d];
+              want = std::exp(s / std::sqrt(double(D)) - lse[(b * H + h) * T + i]);
+            }
+            if (!(std::fabs(p - want) <= tol) && ++bad <= 3)
+              ADD_FAILURE() << what << ": saved P(query " << i << ", key " << j << ") of head " << h
+                            << " is " << p << ", want " << want;
+            all.push_back(p);
+          }
+      }
+  return all;
+}
+
 // Attention on every kernel set this CPU can run (cpu/attention_driver.h), at shapes with
 // several query blocks, head dims that are no multiple of a tile and the model's own: against
 // the reference (fp32; the bf16 kind on bf16 inputs, and bit for bit the same with every
-// activation in bf16 storage), and bit for bit at 1, 2 and 3 threads
-// (threads claim tasks one ahead: some shapes have fewer tasks than threads).
+// activation in bf16 storage), the probabilities it saves for the backward too, and bit for
+// bit at 1, 2 and 3 threads (threads claim tasks one ahead: some shapes have fewer tasks than
+// threads).
 TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
   for (const AttnShape sh : {AttnShape{1, 200, 4, 2, 128}, AttnShape{2, 97, 3, 1, 20},
                              AttnShape{1, 300, 2, 2, 33}, AttnShape{3, 16, 2, 1, 7}}) {
@@ -205,14 +250,20 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
         std::vector<float> out[3], grads[3];
         for (const int threads : {3, 2, 1}) {
           omp_set_num_threads(threads);
-          std::vector<float> of(nq), lsef(B * H * T), dqf(nq, 3.0f), dkf(nk, 3.0f), dvf(nk, 3.0f);
-          set->attn_fwd[bf](of.data(), lsef.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH,
+          std::vector<float> of(nq), stats(cpu::AttnProbs::stats_floats(B, T, H, bf)),
+              dqf(nq, 3.0f), dkf(nk, 3.0f), dvf(nk, 3.0f);
+          set->attn_fwd[bf](of.data(), stats.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH,
                             D);
-          set->attn_bwd[bf](dqf.data(), dkf.data(), dvf.data(), Gf.data(), of.data(), lsef.data(),
-                            qf.data(), kf.data(), vf.data(), B, T, H, KVH, D);
-          const double tol = bf ? 1e-2 : kFast;
           const std::string what = std::string(set->name) + (bf ? " bf16" : " f32") +
                                    " T=" + std::to_string(T) + " D=" + std::to_string(D);
+          const std::vector<float> lsef(stats.begin(), stats.begin() + B * H * T),
+              probs = saved_probs(stats.data(), bf, sh, to_d(qf), to_d(kf), lse,
+                                  bf ? 1.0 / 256 : 1e-5, what);
+          // the backward reads P from stats: garbage in the lse would show in its results
+          std::fill(stats.begin(), stats.begin() + B * H * T, NAN);
+          set->attn_bwd[bf](dqf.data(), dkf.data(), dvf.data(), Gf.data(), of.data(), stats.data(),
+                            qf.data(), kf.data(), vf.data(), B, T, H, KVH, D);
+          const double tol = bf ? 1e-2 : kFast;
           EXPECT_LT(rel_l2(of, o), tol) << what;
           EXPECT_LT(rel_l2(lsef, lse), kFast) << what;
           EXPECT_LT(rel_l2(dqf, dq), tol) << what;
@@ -234,18 +285,23 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
             };
             std::vector<uint16_t> q16 = to16(qf), k16 = to16(kf), v16 = to16(vf), G16 = to16(Gf),
                                   o16(nq, 1), dq16(nq, 1), dk16(nk, 1), dv16(nk, 1);
-            std::vector<float> lse16(B * H * T);
-            set->attn_fwd[2](f(o16), lse16.data(), f(q16), f(k16), f(v16), B, T, H, KVH, D);
-            set->attn_bwd[2](f(dq16), f(dk16), f(dv16), f(G16), f(o16), lse16.data(), f(q16),
-                             f(k16), f(v16), B, T, H, KVH, D);
+            std::vector<float> st16(stats.size());
+            set->attn_fwd[2](f(o16), st16.data(), f(q16), f(k16), f(v16), B, T, H, KVH, D);
+            EXPECT_TRUE(std::equal(lsef.begin(), lsef.end(), st16.begin()))
+                << what << " in bf16 storage";
+            EXPECT_EQ(saved_probs(st16.data(), true, sh, to_d(qf), to_d(kf), lse, 1.0 / 256, what),
+                      probs)
+                << what << " in bf16 storage";
+            set->attn_bwd[2](f(dq16), f(dk16), f(dv16), f(G16), f(o16), st16.data(), f(q16), f(k16),
+                             f(v16), B, T, H, KVH, D);
             EXPECT_EQ(o16, to16(of)) << what << " in bf16 storage";
-            EXPECT_EQ(lse16, lsef) << what << " in bf16 storage";
             EXPECT_EQ(dq16, to16(dqf)) << what << " in bf16 storage";
             EXPECT_EQ(dk16, to16(dkf)) << what << " in bf16 storage";
             EXPECT_EQ(dv16, to16(dvf)) << what << " in bf16 storage";
           }
           out[threads - 1] = of;
           out[threads - 1].insert(out[threads - 1].end(), lsef.begin(), lsef.end());
+          out[threads - 1].insert(out[threads - 1].end(), probs.begin(), probs.end());
           grads[threads - 1] = dqf;
           grads[threads - 1].insert(grads[threads - 1].end(), dkf.begin(), dkf.end());
           grads[threads - 1].insert(grads[threads - 1].end(), dvf.begin(), dvf.end());

@@ -1,6 +1,7 @@
 // Whole-model tests of the training step on small configs.
 #include <gtest/gtest.h>
 
+#include "cpu/gemm.h"
 #include "cpu/layers.h"
 #include "model/init.h"
 #include "model/qwen3.h"
@@ -320,7 +321,18 @@ TEST(MemoryPlan, CountsEveryArena) {
   const size_t halved = 4096 + 2 * 2048 + 2 * 1024 + 3 * 3072;  // per token
   const MemoryPlan mh = memory_plan(dm, DType::bf16, 1, 32, full, false);
   EXPECT_EQ(mh.grads, mb.grads);
-  EXPECT_EQ(mh.activations, mb.activations - 8u * 32 * halved * 2);
+  // and attention's stats keep P in bf16 (cpu/gemm.h AttnProbs: at T = 32, per head 16 rows of
+  // 32 queries and 16 of 16; and 16 floats of room to align it)
+  const int64_t s32 = cpu::attention_stats(1, 32, 16, false),
+                s16 = cpu::attention_stats(1, 32, 16, true);
+  if (cpu::own_kernels()) {
+    EXPECT_EQ(s32, 16 * 32 + 16 + 16 * 768);
+    EXPECT_EQ(s16, 16 * 32 + 16 + 16 * 768 / 2);
+  } else {
+    EXPECT_EQ(s32, 16 * 32);
+    EXPECT_EQ(s16, 16 * 32);
+  }
+  EXPECT_EQ(mh.activations, mb.activations - 8u * 32 * halved * 2 - 8u * size_t(s32 - s16) * 4);
   EXPECT_EQ(mh.scratch, mp.scratch - 32u * halved * 2 + (256 + 2 * 3072 * 256) * 4);
   // trained by the fused step alone: gradients of the tied embedding (V x C) and the norms
   // (attention, feed-forward, q and k of 8 layers, the final one) only, and a gradient buffer

@@ -55,6 +55,22 @@ std::atomic<bool> narrow_forced{false};
 
 }  // namespace
 
+AttnProbs::AttnProbs(int64_t T) : T_(T), off_(size_t(T * ((T + kAttnQB - 1) / kAttnQB))) {
+  for (int64_t q0 = 0; q0 < T; q0 += kAttnQB) {
+    const int64_t nq = T - q0 < kAttnQB ? T - q0 : kAttnQB, w = (nq + 15) / 16 * 16;
+    for (int64_t j = 0; j < q0 + nq; ++j)
+      off_[size_t(q0 / kAttnQB * T + j)] = per_head_, per_head_ += w - first(j, q0);
+  }
+}
+int64_t AttnProbs::stats_floats(int64_t B, int64_t T, int64_t H, bool bf16) {
+  const int64_t n = B * H * AttnProbs(T).per_head();
+  return B * H * T + 16 + (bf16 ? (n + 1) / 2 : n);
+}
+void* AttnProbs::probs(const float* stats, int64_t B, int64_t T, int64_t H) {
+  const uintptr_t p = reinterpret_cast<uintptr_t>(stats + B * H * T);
+  return reinterpret_cast<void*>((p + 63) / 64 * 64);
+}
+
 bool narrow_fits_l1(int rows, int64_t panel_bytes, int64_t l1_bytes, int64_t l1_ways) {
   if (l1_bytes <= 0 || l1_ways <= 0) return false;  // (unknown: pack)
   const int64_t way = l1_bytes / l1_ways;           // a contiguous panel's bytes per line of a set

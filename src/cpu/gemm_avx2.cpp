@@ -380,6 +380,18 @@ struct Kern {
     }
     for (; i < n; ++i) dst[i] = rnd ? round_to_bf16(src[i]) : src[i];
   }
+  // dst[0..n) = the bf16 bits of src (values that are bf16 already), past the caches likewise
+  // (attention's saved P)
+  static void store_nt_bf16(uint16_t* dst, const float* src, int64_t n) {
+    int64_t i = 0;
+    for (; i < n && reinterpret_cast<uintptr_t>(dst + i) % 16; ++i) dst[i] = to_bf16(src[i]);
+    for (; i + 8 <= n; i += 8) {
+      const __m256i x = _mm256_srli_epi32(_mm256_castps_si256(_mm256_loadu_ps(src + i)), 16);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
+                       _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
+    }
+    for (; i < n; ++i) dst[i] = to_bf16(src[i]);
+  }
   // attention (cpu/attention_driver.h): its probabilities and score gradients read in place,
   // by rows (micro_inplace) or by slots lda apart
   static void micro_cols(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,

@@ -503,6 +503,17 @@ struct Kern {
     }
     for (; i < n; ++i) dst[i] = rnd ? round_to_bf16(src[i]) : src[i];
   }
+  // dst[0..n) = the bf16 bits of src (values that are bf16 already), past the caches likewise
+  // (attention's saved P)
+  static void store_nt_bf16(uint16_t* dst, const float* src, int64_t n) {
+    int64_t i = 0;
+    for (; i < n && reinterpret_cast<uintptr_t>(dst + i) % 32; ++i) dst[i] = to_bf16(src[i]);
+    for (; i + 16 <= n; i += 16) {
+      const __m512i x = _mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(src + i)), 16);
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(x));
+    }
+    for (; i < n; ++i) dst[i] = to_bf16(src[i]);
+  }
   // attention (cpu/attention_driver.h), fp32: its probabilities and score gradients read in
   // place, by rows (micro_inplace) or by slots lda apart
   static void micro_cols(int64_t S, const float* A, int64_t lda, const uint32_t* B, float* C,

@@ -103,6 +103,7 @@ const Ops& cpu_ops() {
       cpu::attention_backward,
       own ? cpu::attention_forward_bf16 : nullptr,
       own ? cpu::attention_backward_bf16 : nullptr,
+      cpu::attention_stats,
       cpu::swiglu_forward,
       cpu::swiglu_backward,
       own ? cpu::swiglu_forward_bf16 : nullptr,  // with the bf16w products

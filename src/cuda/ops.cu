@@ -608,6 +608,7 @@ const Ops& device_ops() {
       attention_backward,
       nullptr,  // attention_*_bf16: fp32 products
       nullptr,
+      nullptr,  // attention_stats: lse only
       swiglu_forward,
       swiglu_backward,
       nullptr,  // swiglu_*_bf16: activations in fp32 storage

@@ -73,6 +73,8 @@ struct Ops {
                                 const float*, const float*, const float*, const float*,
                                 const float*, const float*, const float*, int64_t, int64_t, int64_t,
                                 int64_t, int64_t, bool, bool);
+  // (out, stats, q, k, v, B, T, H, KVH, D) and (dq, dk, dv, dout, out, stats, q, k, v, ...):
+  // stats holds what the forward saves for the backward, attention_stats floats (below).
   void (*attention_forward)(float*, float*, const float*, const float*, const float*, int64_t,
                             int64_t, int64_t, int64_t, int64_t);
   void (*attention_backward)(float*, float*, float*, const float*, const float*, const float*,
@@ -86,6 +88,10 @@ struct Ops {
   void (*attention_backward_bf16)(float*, float*, float*, const float*, const float*, const float*,
                                   const float*, const float*, const float*, int64_t, int64_t,
                                   int64_t, int64_t, int64_t, bool);
+  // Optional (null: B * H * T, each query's log-sum-exp): floats of attention's stats at (B, T,
+  // H), for attention_*_bf16 where the flag is set, else attention_* (the CPU's also keeps the
+  // probabilities, so that the backward need not recompute them)
+  int64_t (*attention_stats)(int64_t, int64_t, int64_t, bool);
   // the last flag: store the output rounded to bf16 (bf16 runs)
   void (*swiglu_forward)(float*, const float*, int64_t, int64_t, bool);
   void (*swiglu_backward)(float*, const float*, const float*, int64_t, int64_t, bool);

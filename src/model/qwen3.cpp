@@ -44,15 +44,24 @@ static int64_t floats(int64_t n, bool h16) {
   return h16 ? (n + 1) / 2 : n;
 }
 
-// Sizes (floats) of the per-layer saved activations, in LayerActs order.
-static std::vector<int64_t> layer_act_sizes(const Config& c, int64_t B, int64_t T, bool h16) {
+// Floats of attention's stats (ops.h) for the attention this run calls.
+static int64_t attn_stats(const Config& c, DType dtype, int64_t B, int64_t T, const Ops& o) {
+  const bool bf = dtype == DType::bf16 && o.attention_forward_bf16;
+  return o.attention_stats ? o.attention_stats(B, T, c.H, bf) : B * c.H * T;
+}
+
+// Sizes (floats) of the per-layer saved activations, in LayerActs order (stats: attention's).
+static std::vector<int64_t> layer_act_sizes(const Config& c, int64_t B, int64_t T, bool h16,
+                                            int64_t stats) {
   const int64_t N = B * T;
   const int64_t HD = c.H * c.D, KD = c.KVH * c.D;
   const auto f = [h16](int64_t n) { return floats(n, h16); };  // those stored as bf16 in h16
   // res, xn1, rstd1, qkv, v, qrstd, krstd, q, k, att, lse, mid, xn2, rstd2, ab, m
+  // clang-format off
   return {N * c.C,        N * c.C,   N,         f(N * c.qkv_rows()), f(N * KD), N * c.H, N * c.KVH,
-          f(N * HD),      f(N * KD), f(N * HD), B * c.H * T,         N * c.C,   N * c.C, N,
+          f(N * HD),      f(N * KD), f(N * HD), stats,               N * c.C,   N * c.C, N,
           f(N * 2 * c.F), f(N * c.F)};
+  // clang-format on
 }
 static int64_t final_act_size(const Config& c, int64_t N) {
   return N * c.C + N * c.C + N + N * c.V + N;  // res_final, xnf, rstdf, logits, lse_ce
@@ -146,8 +155,9 @@ MemoryPlan memory_plan(const Config& c, DType dtype, int64_t B, int64_t T, const
                        bool sgd_only) {
   const ParamLayout p = make_layout(c);
   const Needs n = needs(c, p, dtype, ops, sgd_only);
+  const int64_t acts = c.L * sum(layer_act_sizes(c, B, T, n.h16, attn_stats(c, dtype, B, T, ops)));
   return {p.total * dtype_size(dtype), n.grads * dtype_size(dtype),
-          size_t(c.L * sum(layer_act_sizes(c, B, T, n.h16)) + final_act_size(c, B * T)) * 4,
+          size_t(acts + final_act_size(c, B * T)) * 4,
           size_t(sum(scratch_sizes(c, B, T, n.h16))) * 4 + (n.wview + n.gview) * 4};
 }
 
@@ -168,7 +178,8 @@ Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& op
   acts_ = static_cast<float*>(ops.alloc(plan.activations));
   scratch_ = static_cast<float*>(ops.alloc(plan.scratch));
   float* p = acts_;
-  const std::vector<int64_t> ls = layer_act_sizes(cfg, B, T, bf16_acts_);
+  const std::vector<int64_t> ls =
+      layer_act_sizes(cfg, B, T, bf16_acts_, attn_stats(cfg, dtype, B, T, ops));
   for (int64_t l = 0; l < cfg.L; ++l) {
     LayerActs a;
     float** views[] = {&a.res, &a.xn1, &a.rstd1, &a.qkv, &a.v,   &a.qrstd, &a.krstd, &a.q,
