@@ -223,7 +223,8 @@ TEST_P(CudaAttention, MatchesTheCpu) {
   dev().attention_forward(out.p, lse.p, dq_.p, dk_.p, dv_.p, B, T, H, KVH, D);
   dev().attention_backward(dq.p, dk.p, dv.p, dg.p, out.p, lse.p, dq_.p, dk_.p, dv_.p, B, T, H, KVH,
                            D);
-  std::vector<float> ro(nq), rl(cpu::attention_stats(B, T, H, false)), rdq(nq), rdk(nk), rdv(nk);
+  std::vector<float> ro(nq), rl(cpu::attention_stats(B, T, H, KVH, D, false)), rdq(nq), rdk(nk),
+      rdv(nk);
   cpu::attention_forward(ro.data(), rl.data(), q.data(), k.data(), v.data(), B, T, H, KVH, D);
   cpu::attention_backward(rdq.data(), rdk.data(), rdv.data(), g.data(), ro.data(), rl.data(),
                           q.data(), k.data(), v.data(), B, T, H, KVH, D);

@@ -323,8 +323,8 @@ TEST(MemoryPlan, CountsEveryArena) {
   EXPECT_EQ(mh.grads, mb.grads);
   // and attention's stats keep P in bf16 (cpu/gemm.h AttnProbs: at T = 32, per head 16 rows of
   // 32 queries and 16 of 16; and 16 floats of room to align it)
-  const int64_t s32 = cpu::attention_stats(1, 32, 16, false),
-                s16 = cpu::attention_stats(1, 32, 16, true);
+  const int64_t s32 = cpu::attention_stats(1, 32, 16, 8, 128, false),
+                s16 = cpu::attention_stats(1, 32, 16, 8, 128, true);
   if (cpu::own_kernels()) {
     EXPECT_EQ(s32, 16 * 32 + 16 + 16 * 768);
     EXPECT_EQ(s16, 16 * 32 + 16 + 16 * 768 / 2);

@@ -13,8 +13,9 @@
 //           queries see; V, K as B panels of NR dims;
 //   dV += Pᵀ dO, dK += dSᵀ Q: Pᵀ, dSᵀ as A panels of MR keys, summed over the block's
 //           queries from the first that sees them; dO, Q as B panels of NR dims.
-// Score tiles the mask hides entirely are never computed. The forward saves P (AttnProbs in
-// cpu/gemm.h) and the backward reads it, so that only dPᵀ = V dOᵀ is a score product there.
+// Score tiles the mask hides entirely are never computed. Where P is small enough the forward
+// saves it (AttnProbs in cpu/gemm.h) and the backward reads it, so that only dPᵀ = V dOᵀ is a
+// score product there; else the backward recomputes Sᵀ and P = exp(S - lse).
 // Each output element is summed by one task in a fixed order: results do not depend on the
 // thread count.
 #pragma once
@@ -234,6 +235,7 @@ void attn_forward(float* out_, float* lse, const float* q_, const float* k_, con
   constexpr int64_t QB = kAttnQB, per = per_slot(SL);
   static_assert(QB % Kern::MR == 0 && QB % Kern::NR == 0);
   const AttnProbs pr(T);
+  const bool save = AttnProbs::saves(T, H, KVH, D);
   PE* const P = static_cast<PE*>(AttnProbs::probs(lse, B, T, H));
   const AttnShape sh{B, T, H, KVH, D};
   const int64_t G = H / KVH, ldq = H * D, SD = (D + per - 1) / per, ST = (T + per - 1) / per;
@@ -295,7 +297,7 @@ void attn_forward(float* out_, float* lse, const float* q_, const float* k_, con
           }
           // saved for the backward, past the caches (read only then)
           PE* const Ph = P + (b * H + h) * pr.per_head();
-          for (int64_t j = 0; j < e; ++j) {
+          for (int64_t j = 0; save && j < e; ++j) {
             const int64_t c0 = AttnProbs::first(j, q0);
             if constexpr (BF)
               Kern::store_nt_bf16(Ph + pr.row(q0, j), St + j * QB + c0, nq - c0);
@@ -328,13 +330,15 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
   constexpr int64_t QB = kAttnQB, per = per_slot(SL);
   const AttnShape sh{B, T, H, KVH, D};
   const AttnProbs pr(T);
+  const bool saved = AttnProbs::saves(T, H, KVH, D);
   const PE* const P = static_cast<const PE*>(AttnProbs::probs(lse, B, T, H));
   const int64_t G = H / KVH, ldq = H * D, ldk = KVH * D, SD = (D + per - 1) / per,
                 ST = (T + per - 1) / per, SQ = QB / per;
   const float scale = 1.0f / std::sqrt(float(D));
-  // per thread, in words: V as A panels, K as B panels over keys, a block of output
-  // gradients as B panels over dims, it and one of queries as B panels over queries, P and
-  // dPᵀ (then dS) of the block, one A panel, and the task's dK, dV sums [T][D]: summed
+  // per thread, in words: K (where P is not saved) and V as A panels, K as B panels over
+  // keys, a block of queries (likewise) and one of output gradients as B panels over dims and
+  // over queries, Sᵀ (then P) and dPᵀ (then dS) of the block, one A panel, and the task's dK,
+  // dV sums [T][D]: summed
   // there, not in dk, dv, whose rows lie KVH*D apart (a multiple of 4 KiB, so a tile's rows
   // share L1 sets: their loads and stores measured half of key_rows' time; -9 % backward)
   const int64_t wA = round_up(round_up(T, Kern::MR) * SD, 16),
@@ -345,8 +349,9 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
   std::atomic<int64_t> claim{0};
 #pragma omp parallel
   {
-    uint32_t* VA = workspace(wA + wB + wQ + 2 * wQt + 2 * wS + wX + 2 * wG);
-    uint32_t *KB = VA + wA, *OP = KB + wB, *QT = OP + wQ, *OT = QT + wQt;
+    uint32_t* KA = workspace(2 * wA + wB + 2 * wQ + 2 * wQt + 2 * wS + wX + 2 * wG);
+    uint32_t *VA = KA + wA, *KB = VA + wA, *QP = KB + wB, *OP = QP + wQ, *QT = OP + wQ,
+             *OT = QT + wQt;
     float* St = reinterpret_cast<float*>(OT + wQt);
     float* dSt = St + wS;
     uint32_t* XA = reinterpret_cast<uint32_t*>(dSt + wS);
@@ -360,6 +365,7 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
       const int64_t b = t / KVH, g = t % KVH;
       int64_t blk = 0;
       E *dkg = dk + (b * T * KVH + g) * D, *dvg = dv + (b * T * KVH + g) * D;
+      if (!saved) pack_keys_a<Kern, SL>(KA, sh.kv(k, b, g), T, D, SD);
       pack_keys_a<Kern, SL>(VA, sh.kv(v, b, g), T, D, SD);
       pack_dims_b<Kern, SL>(KB, sh.kv_t(k, b, g), D, T, ST);
       for (int64_t h = g * G; h < (g + 1) * G; ++h)
@@ -370,25 +376,43 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
           sh.plan(pf, reads, 3, b, g, h, q0, QB, k, v, next, blk, nblk);
           const int64_t sp = (nq + Kern::NR - 1) / Kern::NR * ((e + Kern::MR - 1) / Kern::MR),
                         kp = (e + Kern::MR - 1) / Kern::MR;
-          pf.pace(sp + 2 * kp + (nq + Kern::MR - 1) / Kern::MR);
+          pf.pace((saved ? 1 : 2) * sp + 2 * kp + (nq + Kern::MR - 1) / Kern::MR);
+          if (!saved)
+            score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), H16, ldq, 1}, T, D, SD, q0,
+                                  nq, scale, pf);
           score_tiles<Kern, SL>(dSt, VA, OP, View{sh.row(dout, b, h, 0), H16, ldq, 1}, T, D, SD, q0,
                                 nq, 1.0f, pf);
           for (int64_t c = 0; c < nq; ++c)  // rowsum(dO O)
             rowdot[c] = row_dot(gh + c * ldq, oh + c * ldq, D);
-          // P as saved (the bf16 kind's rounded), dS = P (dP - rowsum(dO O)) scale, rounded
-          // likewise; 0 where masked. Both rounded here, so the products may read them in
-          // place (packing would round them again, to the same values).
-          const PE* const Ph = P + (b * H + h) * pr.per_head();
-          for (int64_t j = 0; j < e; ++j) {
-            float *s = St + j * QB, *ds = dSt + j * QB;
-            const int64_t c0 = j > q0 ? j - q0 : 0;
-            const PE* const pj = Ph + pr.row(q0, j) - AttnProbs::first(j, q0);
-            for (int64_t c = 0; c < c0; ++c) s[c] = ds[c] = 0.0f;
+          // P as saved, or exp(S - lse); dS = P (dP - rowsum(dO O)) scale; 0 where masked.
+          // The bf16 kind rounds both (the saved P is), so its products may read them in place
+          // (packing would round them again, to the same values).
+          if (saved) {
+            const PE* const Ph = P + (b * H + h) * pr.per_head();
+            for (int64_t j = 0; j < e; ++j) {
+              float *s = St + j * QB, *ds = dSt + j * QB;
+              const int64_t c0 = j > q0 ? j - q0 : 0;
+              const PE* const pj = Ph + pr.row(q0, j) - AttnProbs::first(j, q0);
+              for (int64_t c = 0; c < c0; ++c) s[c] = ds[c] = 0.0f;
 #pragma omp simd
-            for (int64_t c = c0; c < nq; ++c) {
-              const float p = f32_of(pj[c]), g = p * (ds[c] - rowdot[c]) * scale;
-              s[c] = p;
-              ds[c] = BF ? round_to_bf16(g) : g;
+              for (int64_t c = c0; c < nq; ++c) {
+                const float p = f32_of(pj[c]), g = p * (ds[c] - rowdot[c]) * scale;
+                s[c] = p;
+                ds[c] = BF ? round_to_bf16(g) : g;
+              }
+            }
+          } else {
+            const float* l = lse + (b * H + h) * T + q0;
+            for (int64_t j = 0; j < e; ++j) {
+              float *s = St + j * QB, *ds = dSt + j * QB;
+              const int64_t c0 = j > q0 ? j - q0 : 0;
+              for (int64_t c = 0; c < c0; ++c) s[c] = ds[c] = 0.0f;
+#pragma omp simd
+              for (int64_t c = c0; c < nq; ++c) {
+                const float p = vexp(s[c] - l[c]), g = p * (ds[c] - rowdot[c]) * scale;
+                s[c] = BF ? round_to_bf16(p) : p;
+                ds[c] = BF ? round_to_bf16(g) : g;
+              }
             }
           }
           // dV += Pᵀ dO, dK += dSᵀ Q, dQ = dS K

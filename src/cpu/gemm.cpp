@@ -55,14 +55,29 @@ std::atomic<bool> narrow_forced{false};
 
 }  // namespace
 
-AttnProbs::AttnProbs(int64_t T) : T_(T), off_(size_t(T * ((T + kAttnQB - 1) / kAttnQB))) {
+// A block's row j >= q0 holds w - first(j, q0) elements, w = nq rounded up to 16: the rows
+// q0..q0+u-1 hold u w - 16 sum_{i<u} floor(i / 16) of them.
+static int64_t diagonal_rows(int64_t u, int64_t w) {
+  const int64_t m = u / 16, r = u % 16;
+  return u * w - 16 * (16 * m * (m - 1) / 2 + r * m);
+}
+AttnProbs::AttnProbs(int64_t T) : T_(T), base_(1, 0) {
   for (int64_t q0 = 0; q0 < T; q0 += kAttnQB) {
     const int64_t nq = T - q0 < kAttnQB ? T - q0 : kAttnQB, w = (nq + 15) / 16 * 16;
-    for (int64_t j = 0; j < q0 + nq; ++j)
-      off_[size_t(q0 / kAttnQB * T + j)] = per_head_, per_head_ += w - first(j, q0);
+    base_.push_back(base_.back() + q0 * w + diagonal_rows(nq, w));
   }
 }
-int64_t AttnProbs::stats_floats(int64_t B, int64_t T, int64_t H, bool bf16) {
+int64_t AttnProbs::row(int64_t q0, int64_t j) const {
+  const int64_t nq = T_ - q0 < kAttnQB ? T_ - q0 : kAttnQB, w = (nq + 15) / 16 * 16;
+  return base_[std::size_t(q0 / kAttnQB)] + (j < q0 ? j * w : q0 * w + diagonal_rows(j - q0, w));
+}
+bool AttnProbs::saves(int64_t T, int64_t H, int64_t KVH, int64_t D) {
+  // (elements per token: P about H T / 2, q, k, v and out 2 (H + KVH) D)
+  return H * AttnProbs(T).per_head() <= T * 2 * (H + KVH) * D;
+}
+int64_t AttnProbs::stats_floats(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                                bool bf16) {
+  if (!saves(T, H, KVH, D)) return B * H * T;
   const int64_t n = B * H * AttnProbs(T).per_head();
   return B * H * T + 16 + (bf16 ? (n + 1) / 2 : n);
 }

@@ -41,27 +41,31 @@ using AttnBwdFn = void (*)(float* dq, float* dk, float* dv, const float* dout, c
                            const float* lse, const float* q, const float* k, const float* v,
                            int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
 // What attention's forward saves for its backward besides each query's log-sum-exp: the
-// probabilities P it made, which the backward reads instead of recomputing the scores and
-// their exps (a W2 layer's backward -17 %, forward +6 %; 17.0 MiB a layer fp32, 8.5 bf16). The
-// stats buffer (the kernels' `lse`) holds lse [B, H, T], then from the next 64-byte boundary P:
-// per (sequence, head) its blocks of kAttnQB queries one after another; in the block at q0 of nq
-// queries, row j (each key j < q0 + nq) holds P(query q0 + c, key j) for c in [first(j, q0), nq)
-// (0 where masked), with room for a multiple of 16: fp32, or bf16 bits for the bf16 kind.
+// probabilities P it made, which the backward then reads instead of recomputing the scores
+// and their exps (a W2 layer's backward -17 %, forward +6 %). P grows with T^2, so it is
+// saved only where it takes no more room than the layer's q, k, v and attention output
+// (saves(): T up to 752 at H = 16, KVH = 8, D = 128; 17.0 MiB a W2 layer in fp32, 8.5 in
+// bf16); longer sequences recompute it from the log-sum-exps. The stats buffer (the kernels'
+// `lse`) holds lse [B, H, T], then from the next 64-byte boundary P: per (sequence, head) its
+// blocks of kAttnQB queries one after another; in the block at q0 of nq queries, row j (each
+// key j < q0 + nq) holds P(query q0 + c, key j) for c in [first(j, q0), nq) (0 where masked),
+// with room for a multiple of 16: fp32, or bf16 bits for the bf16 kind.
 constexpr int64_t kAttnQB = 96;  // queries per block: a multiple of every kernel's MR and NR
 class AttnProbs {
  public:
   explicit AttnProbs(int64_t T);
   static int64_t first(int64_t j, int64_t q0) { return j > q0 ? (j - q0) / 16 * 16 : 0; }
   // row j of the block at q0, in elements from the start of its head's P
-  int64_t row(int64_t q0, int64_t j) const { return off_[std::size_t(q0 / kAttnQB * T_ + j)]; }
-  int64_t per_head() const { return per_head_; }
+  int64_t row(int64_t q0, int64_t j) const;
+  int64_t per_head() const { return base_.back(); }
+  static bool saves(int64_t T, int64_t H, int64_t KVH, int64_t D);
   // floats of a stats buffer (bf16: the bf16 kind's), and where its P starts
-  static int64_t stats_floats(int64_t B, int64_t T, int64_t H, bool bf16);
+  static int64_t stats_floats(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool bf16);
   static void* probs(const float* stats, int64_t B, int64_t T, int64_t H);
 
  private:
-  int64_t T_, per_head_ = 0;
-  std::vector<int64_t> off_;
+  int64_t T_;
+  std::vector<int64_t> base_;  // each block's first element, then the total
 };
 
 struct GemmSet {

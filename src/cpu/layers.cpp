@@ -523,8 +523,8 @@ static void attention_bwd(float* dq, float* dk, float* dv, const float* dout, co
   }
 }
 
-int64_t attention_stats(int64_t B, int64_t T, int64_t H, bool bf16) {
-  return own_kernels() ? AttnProbs::stats_floats(B, T, H, bf16) : B * H * T;
+int64_t attention_stats(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool bf16) {
+  return own_kernels() ? AttnProbs::stats_floats(B, T, H, KVH, D, bf16) : B * H * T;
 }
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {

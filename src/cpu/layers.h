@@ -63,10 +63,10 @@ void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq,
                            const float* krstd, const float* qw, const float* kw, const float* cos,
                            const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH,
                            int64_t D, bool rnd, bool h16 = false);
-// lse: the stats the forward saves for the backward, attention_stats(B, T, H, bf16) floats:
-// lse [B, H, T] first (each query's log-sum-exp), then, on our kernels, the probabilities
-// (AttnProbs in cpu/gemm.h; bf16: for the *_bf16 functions)
-int64_t attention_stats(int64_t B, int64_t T, int64_t H, bool bf16);
+// lse: the stats the forward saves for the backward, attention_stats(B, T, H, KVH, D, bf16)
+// floats: lse [B, H, T] first (each query's log-sum-exp), then, on our kernels where they are
+// small enough, the probabilities (AttnProbs in cpu/gemm.h; bf16: for the *_bf16 functions)
+int64_t attention_stats(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool bf16);
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,

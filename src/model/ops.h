@@ -89,9 +89,10 @@ struct Ops {
                                   const float*, const float*, const float*, int64_t, int64_t,
                                   int64_t, int64_t, int64_t, bool);
   // Optional (null: B * H * T, each query's log-sum-exp): floats of attention's stats at (B, T,
-  // H), for attention_*_bf16 where the flag is set, else attention_* (the CPU's also keeps the
-  // probabilities, so that the backward need not recompute them)
-  int64_t (*attention_stats)(int64_t, int64_t, int64_t, bool);
+  // H, KVH, D), for attention_*_bf16 where the flag is set, else attention_* (the CPU's also
+  // keeps the probabilities where they are small enough, so that the backward need not
+  // recompute them)
+  int64_t (*attention_stats)(int64_t, int64_t, int64_t, int64_t, int64_t, bool);
   // the last flag: store the output rounded to bf16 (bf16 runs)
   void (*swiglu_forward)(float*, const float*, int64_t, int64_t, bool);
   void (*swiglu_backward)(float*, const float*, const float*, int64_t, int64_t, bool);

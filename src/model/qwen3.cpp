@@ -47,7 +47,7 @@ static int64_t floats(int64_t n, bool h16) {
 // Floats of attention's stats (ops.h) for the attention this run calls.
 static int64_t attn_stats(const Config& c, DType dtype, int64_t B, int64_t T, const Ops& o) {
   const bool bf = dtype == DType::bf16 && o.attention_forward_bf16;
-  return o.attention_stats ? o.attention_stats(B, T, c.H, bf) : B * c.H * T;
+  return o.attention_stats ? o.attention_stats(B, T, c.H, c.KVH, c.D, bf) : B * c.H * T;
 }
 
 // Sizes (floats) of the per-layer saved activations, in LayerActs order (stats: attention's).
