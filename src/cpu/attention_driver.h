@@ -338,9 +338,9 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
   // per thread, in words: K (where P is not saved) and V as A panels, K as B panels over
   // keys, a block of queries (likewise) and one of output gradients as B panels over dims and
   // over queries, Sᵀ (then P) and dPᵀ (then dS) of the block, one A panel, and the task's dK,
-  // dV sums [T][D]: summed
-  // there, not in dk, dv, whose rows lie KVH*D apart (a multiple of 4 KiB, so a tile's rows
-  // share L1 sets: their loads and stores measured half of key_rows' time; -9 % backward)
+  // dV sums [T][D]: summed there, not in dk, dv, whose rows lie KVH*D apart (a multiple of 4
+  // KiB, so a tile's rows share L1 sets: their loads and stores measured half of key_rows'
+  // time; -9 % backward)
   const int64_t wA = round_up(round_up(T, Kern::MR) * SD, 16),
                 wB = round_up(round_up(D, Kern::NR) * ST, 16), wQ = round_up(QB * SD, 16),
                 wQt = round_up(round_up(D, Kern::NR) * SQ, 16), wS = round_up(T * QB, 16),
