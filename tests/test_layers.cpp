@@ -231,8 +231,8 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
   // P saved where it is no larger than q, k, v and out (about T <= 4 (H + KVH) D / H): the
   // first and last shapes save it, the other two recompute it (T = 97: 106 but for the
   // padding of its short block; T = 300 > 264)
-  EXPECT_TRUE(cpu::AttnProbs::saves(200, 4, 2, 128) && cpu::AttnProbs::saves(16, 2, 1, 7));
-  EXPECT_FALSE(cpu::AttnProbs::saves(97, 3, 1, 20) || cpu::AttnProbs::saves(300, 2, 2, 33));
+  EXPECT_TRUE(cpu::AttnProbs(200).saves(4, 2, 128) && cpu::AttnProbs(16).saves(2, 1, 7));
+  EXPECT_FALSE(cpu::AttnProbs(97).saves(3, 1, 20) || cpu::AttnProbs(300).saves(2, 2, 33));
   for (const AttnShape sh : {AttnShape{1, 200, 4, 2, 128}, AttnShape{2, 97, 3, 1, 20},
                              AttnShape{1, 300, 2, 2, 33}, AttnShape{3, 16, 2, 1, 7}}) {
     const auto [B, T, H, KVH, D] = sh;
@@ -255,7 +255,7 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
         std::vector<float> out[3], grads[3];
         for (const int threads : {3, 2, 1}) {
           omp_set_num_threads(threads);
-          const bool saves = cpu::AttnProbs::saves(T, H, KVH, D);
+          const bool saves = cpu::AttnProbs(T).saves(H, KVH, D);
           std::vector<float> of(nq), stats(cpu::AttnProbs::stats_floats(B, T, H, KVH, D, bf)),
               dqf(nq, 3.0f), dkf(nk, 3.0f), dvf(nk, 3.0f);
           set->attn_fwd[bf](of.data(), stats.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH,

@@ -235,7 +235,7 @@ void attn_forward(float* out_, float* lse, const float* q_, const float* k_, con
   constexpr int64_t QB = kAttnQB, per = per_slot(SL);
   static_assert(QB % Kern::MR == 0 && QB % Kern::NR == 0);
   const AttnProbs pr(T);
-  const bool save = AttnProbs::saves(T, H, KVH, D);
+  const bool save = pr.saves(H, KVH, D);
   PE* const P = static_cast<PE*>(AttnProbs::probs(lse, B, T, H));
   const AttnShape sh{B, T, H, KVH, D};
   const int64_t G = H / KVH, ldq = H * D, SD = (D + per - 1) / per, ST = (T + per - 1) / per;
@@ -295,14 +295,15 @@ void attn_forward(float* out_, float* lse, const float* q_, const float* k_, con
             for (int64_t c = j > q0 ? j - q0 : 0; c < nq; ++c)
               s[c] = BF ? round_to_bf16(s[c] * sum[c]) : s[c] * sum[c];
           }
-          // saved for the backward, past the caches (read only then)
-          PE* const Ph = P + (b * H + h) * pr.per_head();
-          for (int64_t j = 0; save && j < e; ++j) {
-            const int64_t c0 = AttnProbs::first(j, q0);
-            if constexpr (BF)
-              Kern::store_nt_bf16(Ph + pr.row(q0, j), St + j * QB + c0, nq - c0);
-            else
-              Kern::store_nt(Ph + pr.row(q0, j), St + j * QB + c0, nq - c0, false);
+          if (save) {  // for the backward, past the caches (read only then)
+            PE* const Ph = P + (b * H + h) * pr.per_head();
+            for (int64_t j = 0; j < e; ++j) {
+              const int64_t c0 = AttnProbs::first(j, q0);
+              if constexpr (BF)
+                Kern::store_nt_bf16(Ph + pr.row(q0, j), St + j * QB + c0, nq - c0);
+              else
+                Kern::store_nt(Ph + pr.row(q0, j), St + j * QB + c0, nq - c0, false);
+            }
           }
           query_rows<Kern, SL>(sh.row(out, b, h, q0), ldq, St, VB, PA, D, ST, q0, nq, st, pf);
           pf.finish();
@@ -330,7 +331,7 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
   constexpr int64_t QB = kAttnQB, per = per_slot(SL);
   const AttnShape sh{B, T, H, KVH, D};
   const AttnProbs pr(T);
-  const bool saved = AttnProbs::saves(T, H, KVH, D);
+  const bool saved = pr.saves(H, KVH, D);
   const PE* const P = static_cast<const PE*>(AttnProbs::probs(lse, B, T, H));
   const int64_t G = H / KVH, ldq = H * D, ldk = KVH * D, SD = (D + per - 1) / per,
                 ST = (T + per - 1) / per, SQ = QB / per;

@@ -71,14 +71,15 @@ int64_t AttnProbs::row(int64_t q0, int64_t j) const {
   const int64_t nq = T_ - q0 < kAttnQB ? T_ - q0 : kAttnQB, w = (nq + 15) / 16 * 16;
   return base_[std::size_t(q0 / kAttnQB)] + (j < q0 ? j * w : q0 * w + diagonal_rows(j - q0, w));
 }
-bool AttnProbs::saves(int64_t T, int64_t H, int64_t KVH, int64_t D) {
+bool AttnProbs::saves(int64_t H, int64_t KVH, int64_t D) const {
   // (elements per token: P about H T / 2, q, k, v and out 2 (H + KVH) D)
-  return H * AttnProbs(T).per_head() <= T * 2 * (H + KVH) * D;
+  return H * per_head() <= T_ * 2 * (H + KVH) * D;
 }
 int64_t AttnProbs::stats_floats(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
                                 bool bf16) {
-  if (!saves(T, H, KVH, D)) return B * H * T;
-  const int64_t n = B * H * AttnProbs(T).per_head();
+  const AttnProbs pr(T);
+  if (!pr.saves(H, KVH, D)) return B * H * T;
+  const int64_t n = B * H * pr.per_head();
   return B * H * T + 16 + (bf16 ? (n + 1) / 2 : n);
 }
 void* AttnProbs::probs(const float* stats, int64_t B, int64_t T, int64_t H) {

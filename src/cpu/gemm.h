@@ -58,7 +58,7 @@ class AttnProbs {
   // row j of the block at q0, in elements from the start of its head's P
   int64_t row(int64_t q0, int64_t j) const;
   int64_t per_head() const { return base_.back(); }
-  static bool saves(int64_t T, int64_t H, int64_t KVH, int64_t D);
+  bool saves(int64_t H, int64_t KVH, int64_t D) const;
   // floats of a stats buffer (bf16: the bf16 kind's), and where its P starts
   static int64_t stats_floats(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool bf16);
   static void* probs(const float* stats, int64_t B, int64_t T, int64_t H);
