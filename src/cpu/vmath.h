@@ -34,13 +34,20 @@ inline float vexp(float x) {
   // the selects below let through (n reaches 128 just below the overflow bound, where p <= 1).
   // The same bits as the product p 2^n1 2^n2 (n1 + n2 = n) it replaced, for every float x
   // (checked exhaustively), in ~25 % fewer instructions.
-  const float nc = n < -127.0f ? -127.0f : n > 128.0f ? 128.0f : n;  // (a defined conversion)
+  // The selects one after another, each on the last one's value (their cases exclude each
+  // other: the same values as nested selects, for every float x, checked exhaustively). Nested,
+  // GCC built each mask under the others' masks, about twice the compares; SwiGLU in L2 on one
+  // AVX-512 thread now runs fp32 -16 to -26 %, bf16 -4 to -10 %.
+  float nc = n > 128.0f ? 128.0f : n;  // (a defined conversion)
+  nc = nc < -127.0f ? -127.0f : nc;
   uint32_t u;
   std::memcpy(&u, &p, 4);
   u += uint32_t(int32_t(nc)) << 23;
   float y;
   std::memcpy(&y, &u, 4);
-  return x < -87.33654f ? 0.0f : x > 88.72283f ? INFINITY : x != x ? x : y;
+  y = x != x ? x : y;
+  y = x > 88.72283f ? INFINITY : y;
+  return x < -87.33654f ? 0.0f : y;
 }
 
 // lane_sum: the sum of term(i), i < n, in 16 lanes (lane i % 16), the lanes then added
