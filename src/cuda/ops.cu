@@ -502,7 +502,7 @@ __global__ void k_swiglu_bwd(float* dab, const float* dout, const float* ab, int
     const int64_t n = i / F, f = i % F;
     const float a = ab[n * 2 * F + f], b = ab[n * 2 * F + F + f], g = dout[i];
     const float sg = 1.0f / (1.0f + expf(-a));
-    const float da = g * b * sg * (1.0f + a * (1.0f - sg)), db = g * a * sg;
+    const float da = g * b * sg * fmaf(a, 1.0f - sg, 1.0f), db = g * a * sg;  // (as the CPU's)
     dab[n * 2 * F + f] = rnd ? round_bf(da) : da;
     dab[n * 2 * F + F + f] = rnd ? round_bf(db) : db;
   }
