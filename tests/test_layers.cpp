@@ -259,7 +259,7 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
           std::vector<float> of(nq), stats(cpu::AttnProbs::stats_floats(B, T, H, KVH, D, bf)),
               dqf(nq, 3.0f), dkf(nk, 3.0f), dvf(nk, 3.0f);
           set->attn_fwd[bf](of.data(), stats.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH,
-                            D);
+                            D, nullptr);
           const std::string what = std::string(set->name) + (bf ? " bf16" : " f32") +
                                    " T=" + std::to_string(T) + " D=" + std::to_string(D);
           const std::vector<float> lsef(stats.begin(), stats.begin() + B * H * T),
@@ -269,7 +269,7 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
           // where P is saved the backward reads only it: garbage in the lse would show
           if (saves) std::fill(stats.begin(), stats.begin() + B * H * T, NAN);
           set->attn_bwd[bf](dqf.data(), dkf.data(), dvf.data(), Gf.data(), of.data(), stats.data(),
-                            qf.data(), kf.data(), vf.data(), B, T, H, KVH, D);
+                            qf.data(), kf.data(), vf.data(), B, T, H, KVH, D, nullptr);
           const double tol = bf ? 1e-2 : kFast;
           EXPECT_LT(rel_l2(of, o), tol) << what;
           EXPECT_LT(rel_l2(lsef, lse), kFast) << what;
@@ -293,7 +293,7 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
             std::vector<uint16_t> q16 = to16(qf), k16 = to16(kf), v16 = to16(vf), G16 = to16(Gf),
                                   o16(nq, 1), dq16(nq, 1), dk16(nk, 1), dv16(nk, 1);
             std::vector<float> st16(stats.size());
-            set->attn_fwd[2](f(o16), st16.data(), f(q16), f(k16), f(v16), B, T, H, KVH, D);
+            set->attn_fwd[2](f(o16), st16.data(), f(q16), f(k16), f(v16), B, T, H, KVH, D, nullptr);
             EXPECT_TRUE(std::equal(lsef.begin(), lsef.end(), st16.begin()))
                 << what << " in bf16 storage";
             if (saves) {
@@ -303,7 +303,7 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
                   << what << " in bf16 storage";
             }
             set->attn_bwd[2](f(dq16), f(dk16), f(dv16), f(G16), f(o16), st16.data(), f(q16), f(k16),
-                             f(v16), B, T, H, KVH, D);
+                             f(v16), B, T, H, KVH, D, nullptr);
             EXPECT_EQ(o16, to16(of)) << what << " in bf16 storage";
             EXPECT_EQ(dq16, to16(dqf)) << what << " in bf16 storage";
             EXPECT_EQ(dk16, to16(dkf)) << what << " in bf16 storage";
@@ -615,6 +615,87 @@ INSTANTIATE_TEST_SUITE_P(Shapes, QkNormRope,
                          ::testing::Values(std::tuple{1, 1, 1, 1, 2}, std::tuple{2, 5, 4, 2, 8},
                                            std::tuple{1, 7, 6, 3, 6}, std::tuple{3, 3, 2, 2, 10},
                                            std::tuple{2, 40, 16, 8, 128}));
+
+// QK-norm + RoPE inside attention (attention_qkn_*): the outputs of qk_norm_rope_* then
+// attention_*, bit for bit, in fp32, the bf16 kind and bf16 storage, for any thread count; the
+// norm weights' gradients summed in another order.
+class AttentionQkn : public ::testing::TestWithParam<std::tuple<int, int, int, int, int>> {};
+TEST_P(AttentionQkn, EqualsQkNormRopeThenAttention) {
+  if (!cpu::own_kernels()) GTEST_SKIP() << "no kernel set here (TQ_CPU=generic): no fused op";
+  const auto [B, T, H, KVH, D] = GetParam();
+  const int64_t N = B * T, HD = N * H * D, KD = N * KVH * D, R = (H + 2 * KVH) * D;
+  std::vector<float> cs, sn;
+  rope_tables(cs, sn, T, D, 1e4);
+  const std::vector<float> w = to_f(randn(2 * D, 2, 0.3));
+  const float *qw = w.data(), *kw = w.data() + D;
+  for (const bool bf : {false, true})
+    for (const bool h16 : {false, true}) {
+      if (h16 && !bf) continue;
+      std::vector<float> qkv = to_f(randn(N * R, 1)), G = to_f(randn(HD, 3));
+      if (bf) cpu::round_bf16_inplace(qkv.data(), N * R), cpu::round_bf16_inplace(G.data(), HD);
+      if (h16) {  // bf16 bits in the first half of each array
+        for (auto* x : {&qkv, &G})
+          for (size_t i = 0; i < x->size(); ++i) {
+            const uint16_t h = f32_to_bf16((*x)[i]);
+            std::memcpy(reinterpret_cast<uint16_t*>(x->data()) + i, &h, 2);
+          }
+      }
+      const int64_t es = h16 ? 2 : 4;  // bytes per activation element
+      // (P starts at a 64-byte boundary of the address: compared from the same one)
+      const int64_t nst = cpu::attention_stats(B, T, H, KVH, D, bf);
+      const auto al = [](std::vector<float>& x) {
+        return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(x.data()) + 63) / 64 * 64);
+      };
+      const std::string what = std::string(bf ? (h16 ? "bf16 storage" : "bf16") : "fp32");
+      // composed
+      std::vector<float> q(HD), k(KD), v(KD), qrs(N * H), krs(N * KVH), out(HD), st(nst + 16),
+          dq(HD), dk(KD), dv(KD), dqkv(N * R), dw(2 * D, 0.5f);
+      cpu::qk_norm_rope_forward(q.data(), k.data(), v.data(), qrs.data(), krs.data(), qkv.data(),
+                                qw, kw, cs.data(), sn.data(), B, T, H, KVH, D, 1e-6, bf, h16);
+      if (bf) {
+        cpu::attention_forward_bf16(out.data(), al(st), q.data(), k.data(), v.data(), B, T, H, KVH,
+                                    D, h16);
+        cpu::attention_backward_bf16(dq.data(), dk.data(), dv.data(), G.data(), out.data(), al(st),
+                                     q.data(), k.data(), v.data(), B, T, H, KVH, D, h16);
+      } else {
+        cpu::attention_forward(out.data(), al(st), q.data(), k.data(), v.data(), B, T, H, KVH, D);
+        cpu::attention_backward(dq.data(), dk.data(), dv.data(), G.data(), out.data(), al(st),
+                                q.data(), k.data(), v.data(), B, T, H, KVH, D);
+      }
+      cpu::qk_norm_rope_backward(dqkv.data(), dw.data(), dw.data() + D, dq.data(), dk.data(),
+                                 dv.data(), qkv.data(), qrs.data(), krs.data(), qw, kw, cs.data(),
+                                 sn.data(), B, T, H, KVH, D, bf, h16);
+      std::vector<float> fdw1;
+      for (const int threads : {3, 1}) {
+        omp_set_num_threads(threads);
+        std::vector<float> fqrs(N * H), fkrs(N * KVH), fout(HD, 7.0f), fst(nst + 16),
+            fdqkv(N * R, 7.0f), fdw(2 * D, 0.5f);
+        cpu::attention_qkn_forward(fout.data(), al(fst), fqrs.data(), fkrs.data(), qkv.data(), qw,
+                                   kw, cs.data(), sn.data(), B, T, H, KVH, D, 1e-6, bf, h16);
+        cpu::attention_qkn_backward(fdqkv.data(), fdw.data(), fdw.data() + D, G.data(), fout.data(),
+                                    al(fst), qkv.data(), fqrs.data(), fkrs.data(), qw, kw,
+                                    cs.data(), sn.data(), B, T, H, KVH, D, bf, h16);
+        const std::string at = what + ", " + std::to_string(threads) + " threads";
+        EXPECT_EQ(0, std::memcmp(fout.data(), out.data(), size_t(HD * es))) << at << ": out";
+        EXPECT_EQ(0, std::memcmp(al(fst), al(st), size_t(nst * 4))) << at << ": stats";
+        EXPECT_EQ(fqrs, qrs) << at;
+        EXPECT_EQ(fkrs, krs) << at;
+        EXPECT_EQ(0, std::memcmp(fdqkv.data(), dqkv.data(), size_t(N * R * es))) << at << ": dqkv";
+        EXPECT_LT(rel_l2(fdw, dw), 1e-6) << at;  // added into
+        if (fdw1.empty())
+          fdw1 = fdw;
+        else
+          EXPECT_EQ(fdw, fdw1) << at << ": the norm weights' gradients by the thread count";
+      }
+      omp_set_num_threads(2);
+    }
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionQkn,
+                         ::testing::Values(std::tuple{1, 1, 1, 1, 2}, std::tuple{2, 5, 4, 2, 8},
+                                           std::tuple{1, 7, 6, 3, 6}, std::tuple{3, 3, 2, 2, 10},
+                                           std::tuple{2, 40, 16, 8, 128},
+                                           std::tuple{1, 130, 4, 2, 16},
+                                           std::tuple{1, 200, 2, 1, 128}));
 
 TEST(MatmulBf16w, StoresOutAndDxRoundedToBf16) {
   if (!cpu::own_kernels()) GTEST_SKIP() << "no AVX2/AVX-512 kernels: the model rounds itself";

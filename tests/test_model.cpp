@@ -212,14 +212,17 @@ TEST(Qwen3, Bf16ActivationStorageGivesTheSameStep) {
 // A backend without the fused QK-norm + RoPE op (CUDA) gets the model's composition of the
 // split, norms and rotations, from the same saved activations: the same step, bit for bit.
 TEST(Qwen3, ComposedQkNormRopeEqualsTheFusedOp) {
-  Ops composed = cpu_ops();
+  Ops fused = cpu_ops();
+  fused.attention_qkn_forward = nullptr;  // (else attention takes both in)
+  fused.attention_qkn_backward = nullptr;
+  Ops composed = fused;
   composed.qk_norm_rope_forward = nullptr;
   composed.qk_norm_rope_backward = nullptr;
   for (DType dt : {DType::f32, DType::bf16}) {
     const Config c = tiny(false);
     const std::vector<float> w = tiny_params(c);
     const Batch b = fixed_batch(2, 11, c.V);
-    Qwen3 m1(c, dt, 2, 11, cpu_ops()), m2(c, dt, 2, 11, composed);
+    Qwen3 m1(c, dt, 2, 11, fused), m2(c, dt, 2, 11, composed);
     m1.set_params(w.data());
     m2.set_params(w.data());
     std::vector<float> g1(w.size()), g2(w.size()), p1(w.size()), p2(w.size());
@@ -237,6 +240,40 @@ TEST(Qwen3, ComposedQkNormRopeEqualsTheFusedOp) {
     m1.get_params(p1.data());
     m2.get_params(p2.data());
     EXPECT_EQ(p1, p2) << dtype_name(dt);
+  }
+}
+
+// Attention taking QK-norm + RoPE in (attention_qkn_*, our kernels) against the two ops: the
+// same loss and gradients, bit for bit, but for q_norm's and k_norm's, summed in another order.
+TEST(Qwen3, AttentionWithQkNormEqualsTheSeparateOps) {
+  if (!cpu_ops().attention_qkn_forward) GTEST_SKIP() << "no kernel set here: no fused op";
+  Ops separate = cpu_ops();
+  separate.attention_qkn_forward = nullptr;
+  separate.attention_qkn_backward = nullptr;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Config c = tiny(false);
+    const ParamLayout lay = make_layout(c);
+    const std::vector<float> w = tiny_params(c);
+    const Batch b = fixed_batch(2, 11, c.V);
+    Qwen3 m1(c, dt, 2, 11, cpu_ops()), m2(c, dt, 2, 11, separate);
+    m1.set_params(w.data());
+    m2.set_params(w.data());
+    ASSERT_EQ(m1.forward(b), m2.forward(b)) << dtype_name(dt);
+    m1.backward();
+    m2.backward();
+    std::vector<float> g1(w.size()), g2(w.size());
+    m1.get_grads(g1.data());
+    m2.get_grads(g2.data());
+    for (const auto& l : lay.layers) {  // q_norm and k_norm, adjacent
+      const auto at = g1.begin() + std::ptrdiff_t(l.q_norm),
+                 at2 = g2.begin() + std::ptrdiff_t(l.q_norm);
+      EXPECT_LT(
+          test::rel_l2(std::vector<float>(at, at + 2 * c.D), std::vector<float>(at2, at2 + 2 * c.D)),
+          dt == DType::f32 ? 1e-6 : 1e-2)
+          << dtype_name(dt);
+      std::copy(at, at + 2 * c.D, at2);
+    }
+    EXPECT_EQ(g1, g2) << dtype_name(dt) << ": the other gradients";
   }
 }
 
@@ -276,6 +313,8 @@ Ops bare_ops() {
   o.qk_norm_rope_backward = nullptr;
   o.attention_forward_bf16 = nullptr;
   o.attention_backward_bf16 = nullptr;
+  o.attention_qkn_forward = nullptr;
+  o.attention_qkn_backward = nullptr;
   o.swiglu_forward_bf16 = nullptr;
   o.swiglu_backward_bf16 = nullptr;
   return o;
@@ -291,6 +330,8 @@ Ops full_ops() {
   o.qk_norm_rope_backward = cpu::qk_norm_rope_backward;
   o.attention_forward_bf16 = cpu::attention_forward_bf16;
   o.attention_backward_bf16 = cpu::attention_backward_bf16;
+  o.attention_qkn_forward = cpu::attention_qkn_forward;
+  o.attention_qkn_backward = cpu::attention_qkn_backward;
   o.swiglu_forward_bf16 = cpu::swiglu_forward_bf16;
   o.swiglu_backward_bf16 = cpu::swiglu_backward_bf16;
   return o;
@@ -332,8 +373,15 @@ TEST(MemoryPlan, CountsEveryArena) {
     EXPECT_EQ(s32, 16 * 32);
     EXPECT_EQ(s16, 16 * 32);
   }
-  EXPECT_EQ(mh.activations, mb.activations - 8u * 32 * halved * 2 - 8u * size_t(s32 - s16) * 4);
-  EXPECT_EQ(mh.scratch, mp.scratch - 32u * halved * 2 + (256 + 2 * 3072 * 256) * 4);
+  // attention taking QK-norm + RoPE in keeps no q, k, v (per token 2048 + 1024 + 1024) nor their
+  // gradients (dq, dk, dv, and the fp32 dqr, dkr of the composition)
+  const size_t qkv = 2048 + 1024 + 1024, dqkr = (2048 + 1024) * 4;
+  EXPECT_EQ(memory_plan(dm, DType::f32, 1, 32, full, false).activations,
+            mp.activations - 8u * 32 * qkv * 4);
+  EXPECT_EQ(mh.activations,
+            mb.activations - 8u * 32 * (halved + qkv) * 2 - 8u * size_t(s32 - s16) * 4);
+  EXPECT_EQ(mh.scratch,
+            mp.scratch - 32u * (halved + qkv) * 2 - 32u * dqkr + (256 + 2 * 3072 * 256) * 4);
   // trained by the fused step alone: gradients of the tied embedding (V x C) and the norms
   // (attention, feed-forward, q and k of 8 layers, the final one) only, and a gradient buffer
   // of the embedding's size
@@ -341,7 +389,8 @@ TEST(MemoryPlan, CountsEveryArena) {
   EXPECT_EQ(memory_plan(dm, DType::f32, 1, 32, full, true).grads, unfused * 4);
   const MemoryPlan ms = memory_plan(dm, DType::bf16, 1, 32, full, true);
   EXPECT_EQ(ms.grads, unfused * 2);
-  EXPECT_EQ(ms.scratch, mp.scratch - 32u * halved * 2 + (256 + 2048 * 256) * 4);
+  EXPECT_EQ(ms.scratch,
+            mp.scratch - 32u * (halved + qkv) * 2 - 32u * dqkr + (256 + 2048 * 256) * 4);
   // an untied head takes its step in its product too
   Config untied = dm;
   untied.tied = false;

@@ -69,17 +69,19 @@ class RowFetch {
   int64_t n_ = 0, cur_ = 0, per_ = 0;
 };
 
-// St[j][c] (row stride kAttnQB) = alpha sum_d X(j, d) Y(q0 + c, d) for the nq queries of a
+// St[j][c] (row stride kAttnQB) = alpha sum_d X(j, d) Y(y0 + c, d) for the nq queries of a
 // block and the keys j each NR panel of them can see (j <= its last query); other entries
 // are left as they were. X: packed A panels of MR keys over SD slots; Y: the queries (or
-// their output gradients), packed here into Yp.
+// their output gradients) of Yrows rows, query q0 at row y0 (q0 token-major, 0 in a block's
+// buffer), packed here into Yp.
 template <class Kern, Slot SL>
-void score_tiles(float* St, const uint32_t* X, uint32_t* Yp, const View& Y, int64_t T, int64_t D,
-                 int64_t SD, int64_t q0, int64_t nq, float alpha, RowFetch& pf) {
+void score_tiles(float* St, const uint32_t* X, uint32_t* Yp, const View& Y, int64_t Yrows,
+                 int64_t y0, int64_t T, int64_t D, int64_t SD, int64_t q0, int64_t nq, float alpha,
+                 RowFetch& pf) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
   for (int64_t c = 0; c < nq; c += NR) {
     uint32_t* yp = Yp + c * SD;
-    Kern::template pack<SL>(yp, Y, T, D, q0 + c, NR, 0, SD);
+    Kern::template pack<SL>(yp, Y, Yrows, D, y0 + c, NR, 0, SD);
     const int nr = int(lo(NR, nq - c));
     for (int64_t j = 0; j < lo(T, q0 + c + nr); j += MR) {
       Kern::template micro<SL, false>(SD, X + j * SD, yp, St + j * kAttnQB + c, kAttnQB,
@@ -164,9 +166,23 @@ void key_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32
 }
 
 // Views of one sequence b: keys/values of kv head g, queries (and their gradients) of head h
-// (E: fp32 or bf16 storage).
+// (E: fp32 or bf16 storage). qkv: the fused projection where QK-norm and RoPE are taken in
+// (QkNorm), whose rows are [B*T][R] with R = (H + 2 KVH) D.
 struct AttnShape {
   int64_t B, T, H, KVH, D;
+  const void* qkv = nullptr;
+  int64_t R() const { return (H + 2 * KVH) * D; }
+  // (b, h)'s rows in qkv: h < H a query head, H + g kv head g's key, H + KVH + g its value
+  int64_t proj_at(int64_t b, int64_t h, int64_t t) const {
+    const int64_t G = H / KVH;
+    int64_t g = h / G, i = h % G;                                // a query head
+    if (h >= H) g = (h - H) % KVH, i = h < H + KVH ? G : G + 1;  // a key, a value
+    return (b * T + t) * R() + (g * (G + 2) + i) * D;
+  }
+  template <class E>
+  const E* proj(int64_t b, int64_t h, int64_t t) const {
+    return static_cast<const E*>(qkv) + proj_at(b, h, t);
+  }
   template <class E>
   View kv(const E* x, int64_t b, int64_t g) const {  // (key j, dim d)
     return {x + (b * T * KVH + g) * D, sizeof(E) == 2, KVH * D, 1};
@@ -183,6 +199,8 @@ struct AttnShape {
   // queries in each of qs (up to 3 tensors), then slice `blk` of `nblk` of the keys and
   // values of task `next` (claimed, or >= B * KVH for none). After the task's last block the
   // next block is `next`'s first.
+  // With qkv, qs are the token-major inputs besides q, and the next block's query rows and
+  // the next task's keys and values are fetched from qkv.
   template <class E>
   void plan(RowFetch& pf, const E* const* qs, int nqs, int64_t b, int64_t g, int64_t h, int64_t q0,
             int64_t QB, const E* k, const E* v, int64_t next, int64_t blk, int64_t nblk) const {
@@ -191,15 +209,22 @@ struct AttnShape {
     if (q0 + QB < T || h + 1 < (g + 1) * G) {
       const int64_t hn = q0 + QB < T ? h : h + 1, qn = q0 + QB < T ? q0 + QB : 0;
       for (int i = 0; i < nqs; ++i) pf.add(row(qs[i], b, hn, qn), H * D, lo(QB, T - qn), D);
+      if (qkv) pf.add(proj<E>(b, hn, qn), R(), lo(QB, T - qn), D);
     } else if (next < B * KVH) {
       const int64_t bn = next / KVH, gn = next % KVH;
       for (int i = 0; i < nqs; ++i) pf.add(row(qs[i], bn, gn * G, 0), H * D, lo(QB, T), D);
+      if (qkv) pf.add(proj<E>(bn, gn * G, 0), R(), lo(QB, T), D);
     }
     if (next < B * KVH) {
       const int64_t bn = next / KVH, gn = next % KVH, j0 = blk * T / nblk,
                     j1 = (blk + 1) * T / nblk;
-      pf.add(k + ((bn * T + j0) * KVH + gn) * D, KVH * D, j1 - j0, D);
-      pf.add(v + ((bn * T + j0) * KVH + gn) * D, KVH * D, j1 - j0, D);
+      if (qkv) {
+        pf.add(proj<E>(bn, H + gn, j0), R(), j1 - j0, D);
+        pf.add(proj<E>(bn, H + KVH + gn, j0), R(), j1 - j0, D);
+      } else {
+        pf.add(k + ((bn * T + j0) * KVH + gn) * D, KVH * D, j1 - j0, D);
+        pf.add(v + ((bn * T + j0) * KVH + gn) * D, KVH * D, j1 - j0, D);
+      }
     }
   }
 };
@@ -221,9 +246,10 @@ inline float row_dot(const E* a, const E* b, int64_t n) {
 }
 
 // H16: q, k, v, out in bf16 storage (bf16 kind only; the pointers hold uint16_t)
+// qn: q, k, v are null, and the rows come from qn's projection (QkNorm in cpu/gemm.h)
 template <class Kern, bool BF, bool H16 = false>
 void attn_forward(float* out_, float* lse, const float* q_, const float* k_, const float* v_,
-                  int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
+                  int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, const QkNorm* qn) {
   static_assert(BF || !H16);
   using E = std::conditional_t<H16, uint16_t, float>;
   E* out = reinterpret_cast<E*>(out_);
@@ -237,22 +263,27 @@ void attn_forward(float* out_, float* lse, const float* q_, const float* k_, con
   const AttnProbs pr(T);
   const bool save = pr.saves(H, KVH, D);
   PE* const P = static_cast<PE*>(AttnProbs::probs(lse, B, T, H));
-  const AttnShape sh{B, T, H, KVH, D};
+  const AttnShape sh{B, T, H, KVH, D, qn ? qn->qkv : nullptr};
   const int64_t G = H / KVH, ldq = H * D, SD = (D + per - 1) / per, ST = (T + per - 1) / per;
   const float scale = 1.0f / std::sqrt(float(D));
   // per thread, in words: K as A panels, V as B panels, a query block as B panels, Sᵀ of
-  // the block, one A panel of P
+  // the block, one A panel of P; with qn the task's keys [T][D] and a block's queries [QB][D]
+  // as normalized and rotated
   const int64_t ntask = B * KVH, nblk = G * ((T + QB - 1) / QB);
   std::atomic<int64_t> claim{0};
   const int64_t wK = round_up(round_up(T, Kern::MR) * SD, 16),
                 wV = round_up(round_up(D, Kern::NR) * ST, 16), wQ = round_up(QB * SD, 16),
-                wS = round_up(T * QB, 16), wP = round_up(Kern::MR * ST, 16);
+                wS = round_up(T * QB, 16), wP = round_up(Kern::MR * ST, 16),
+                wN = qn ? round_up(T * D * int64_t(sizeof(E)) / 4, 16) : 0,
+                wM = qn ? round_up(QB * D * int64_t(sizeof(E)) / 4, 16) : 0;
 #pragma omp parallel
   {
-    uint32_t* KA = workspace(wK + wV + wQ + wS + wP);
+    uint32_t* KA = workspace(wK + wV + wQ + wS + wP + wN + wM);
     uint32_t *VB = KA + wK, *QP = VB + wV;
     float* St = reinterpret_cast<float*>(QP + wQ);
     uint32_t* PA = reinterpret_cast<uint32_t*>(St + wS);
+    E* const Kn = reinterpret_cast<E*>(PA + wP);
+    E* const Qn = reinterpret_cast<E*>(PA + wP + wN);
     alignas(64) float mx[QB], sum[QB];
     RowFetch pf;
     // tasks claimed one ahead, so that each can fetch the next one's rows
@@ -260,16 +291,28 @@ void attn_forward(float* out_, float* lse, const float* q_, const float* k_, con
       next = claim.fetch_add(1);
       const int64_t b = t / KVH, g = t % KVH;
       int64_t blk = 0;
-      pack_keys_a<Kern, SL>(KA, sh.kv(k, b, g), T, D, SD);
-      pack_dims_b<Kern, SL>(VB, sh.kv_t(v, b, g), D, T, ST);
+      if (qn) {
+        qn->rows(*qn, Kn, b, H + g, 0, T, true);
+        pack_keys_a<Kern, SL>(KA, View{Kn, H16, D, 1}, T, D, SD);
+        pack_dims_b<Kern, SL>(VB, View{sh.proj<E>(b, H + KVH + g, 0), H16, 1, sh.R()}, D, T, ST);
+      } else {
+        pack_keys_a<Kern, SL>(KA, sh.kv(k, b, g), T, D, SD);
+        pack_dims_b<Kern, SL>(VB, sh.kv_t(v, b, g), D, T, ST);
+      }
       for (int64_t h = g * G; h < (g + 1) * G; ++h)
         for (int64_t q0 = 0; q0 < T; q0 += QB, ++blk) {
           const int64_t nq = lo(QB, T - q0), e = q0 + nq;
-          sh.plan(pf, &q, 1, b, g, h, q0, QB, k, v, next, blk, nblk);
+          sh.plan(pf, &q, qn ? 0 : 1, b, g, h, q0, QB, k, v, next, blk, nblk);
           pf.pace((nq + Kern::NR - 1) / Kern::NR * ((e + Kern::MR - 1) / Kern::MR) +
                   (nq + Kern::MR - 1) / Kern::MR);
-          score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), H16, ldq, 1}, T, D, SD, q0, nq,
-                                scale, pf);
+          if (qn) {
+            qn->rows(*qn, Qn, b, h, q0, nq, true);
+            score_tiles<Kern, SL>(St, KA, QP, View{Qn, H16, D, 1}, nq, 0, T, D, SD, q0, nq, scale,
+                                  pf);
+          } else {
+            score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), H16, ldq, 1}, T, q0, T, D,
+                                  SD, q0, nq, scale, pf);
+          }
           // softmax down each column c (query q0 + c sees keys j <= q0 + c); P = 0 where
           // masked, over all e keys the block's panels read
           for (int64_t c = 0; c < nq; ++c) mx[c] = -INFINITY, sum[c] = 0.0f;
@@ -314,10 +357,12 @@ void attn_forward(float* out_, float* lse, const float* q_, const float* k_, con
 }
 
 // H16: dq, dk, dv, dout, out, q, k, v in bf16 storage
+// qn: q, k, v, dq, dk, dv are null; the rows come from qn's projection and their gradients go
+// to its gradient (QkNorm in cpu/gemm.h)
 template <class Kern, bool BF, bool H16 = false>
 void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const float* out_,
                    const float* lse, const float* q_, const float* k_, const float* v_, int64_t B,
-                   int64_t T, int64_t H, int64_t KVH, int64_t D) {
+                   int64_t T, int64_t H, int64_t KVH, int64_t D, const QkNorm* qn) {
   static_assert(BF || !H16);
   using E = std::conditional_t<H16, uint16_t, float>;
   E *dq = reinterpret_cast<E*>(dq_), *dk = reinterpret_cast<E*>(dk_),
@@ -329,7 +374,7 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
   constexpr Store st = H16 ? Store::bf16 : BF ? Store::round : Store::f32;
   constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
   constexpr int64_t QB = kAttnQB, per = per_slot(SL);
-  const AttnShape sh{B, T, H, KVH, D};
+  const AttnShape sh{B, T, H, KVH, D, qn ? qn->qkv : nullptr};
   const AttnProbs pr(T);
   const bool saved = pr.saves(H, KVH, D);
   const PE* const P = static_cast<const PE*>(AttnProbs::probs(lse, B, T, H));
@@ -345,12 +390,17 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
   const int64_t wA = round_up(round_up(T, Kern::MR) * SD, 16),
                 wB = round_up(round_up(D, Kern::NR) * ST, 16), wQ = round_up(QB * SD, 16),
                 wQt = round_up(round_up(D, Kern::NR) * SQ, 16), wS = round_up(T * QB, 16),
-                wX = round_up(Kern::MR * (ST > SQ ? ST : SQ), 16), wG = round_up(T * D, 16);
+                wX = round_up(Kern::MR * (ST > SQ ? ST : SQ), 16), wG = round_up(T * D, 16),
+                wN = qn ? round_up(T * D * int64_t(sizeof(E)) / 4, 16) : 0,
+                wM = qn ? round_up(QB * D * int64_t(sizeof(E)) / 4, 16) : 0,
+                wdQ = qn ? round_up(QB * D, 16) : 0;
   const int64_t ntask = B * KVH, nblk = G * ((T + QB - 1) / QB);
   std::atomic<int64_t> claim{0};
 #pragma omp parallel
   {
-    uint32_t* KA = workspace(2 * wA + wB + 2 * wQ + 2 * wQt + 2 * wS + wX + 2 * wG);
+    // (with qn also the task's keys and a block's queries normalized and rotated, and the
+    // block's dQ before they are turned back)
+    uint32_t* KA = workspace(2 * wA + wB + 2 * wQ + 2 * wQt + 2 * wS + wX + 2 * wG + wN + wM + wdQ);
     uint32_t *VA = KA + wA, *KB = VA + wA, *QP = KB + wB, *OP = QP + wQ, *QT = OP + wQ,
              *OT = QT + wQt;
     float* St = reinterpret_cast<float*>(OT + wQt);
@@ -358,6 +408,9 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
     uint32_t* XA = reinterpret_cast<uint32_t*>(dSt + wS);
     float* dKs = reinterpret_cast<float*>(XA + wX);
     float* dVs = dKs + wG;
+    E* const Kn = reinterpret_cast<E*>(dVs + wG);
+    E* const Qn = reinterpret_cast<E*>(dVs + wG + wN);
+    float* const dQn = dVs + wG + wN + wM;
     alignas(64) float rowdot[QB];
     RowFetch pf;
     const E* const reads[3] = {q, dout, out};
@@ -365,24 +418,32 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
       next = claim.fetch_add(1);
       const int64_t b = t / KVH, g = t % KVH;
       int64_t blk = 0;
-      E *dkg = dk + (b * T * KVH + g) * D, *dvg = dv + (b * T * KVH + g) * D;
-      if (!saved) pack_keys_a<Kern, SL>(KA, sh.kv(k, b, g), T, D, SD);
-      pack_keys_a<Kern, SL>(VA, sh.kv(v, b, g), T, D, SD);
-      pack_dims_b<Kern, SL>(KB, sh.kv_t(k, b, g), D, T, ST);
+      View kv = sh.kv(k, b, g), kt = sh.kv_t(k, b, g), vv = sh.kv(v, b, g);
+      if (qn) {
+        qn->rows(*qn, Kn, b, H + g, 0, T, false);
+        kv = View{Kn, H16, D, 1}, kt = View{Kn, H16, 1, D};
+        vv = View{sh.proj<E>(b, H + KVH + g, 0), H16, sh.R(), 1};
+      }
+      if (!saved) pack_keys_a<Kern, SL>(KA, kv, T, D, SD);
+      pack_keys_a<Kern, SL>(VA, vv, T, D, SD);
+      pack_dims_b<Kern, SL>(KB, kt, D, T, ST);
+      float* const dw = qn ? qn->dw + t * 2 * D : nullptr;  // q_norm's, then k_norm's
       for (int64_t h = g * G; h < (g + 1) * G; ++h)
         for (int64_t q0 = 0; q0 < T; q0 += QB, ++blk) {
           const int64_t nq = lo(QB, T - q0), e = q0 + nq;
-          const E *qh = sh.row(q, b, h, q0), *oh = sh.row(out, b, h, q0),
-                  *gh = sh.row(dout, b, h, q0);
-          sh.plan(pf, reads, 3, b, g, h, q0, QB, k, v, next, blk, nblk);
+          const E *oh = sh.row(out, b, h, q0), *gh = sh.row(dout, b, h, q0);
+          const E* qh = qn ? Qn : sh.row(q, b, h, q0);
+          const int64_t ldqh = qn ? D : ldq;
+          if (qn) qn->rows(*qn, Qn, b, h, q0, nq, false);
+          sh.plan(pf, qn ? reads + 1 : reads, qn ? 2 : 3, b, g, h, q0, QB, k, v, next, blk, nblk);
           const int64_t sp = (nq + Kern::NR - 1) / Kern::NR * ((e + Kern::MR - 1) / Kern::MR),
                         kp = (e + Kern::MR - 1) / Kern::MR;
           pf.pace((saved ? 1 : 2) * sp + 2 * kp + (nq + Kern::MR - 1) / Kern::MR);
           if (!saved)
-            score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), H16, ldq, 1}, T, D, SD, q0,
-                                  nq, scale, pf);
-          score_tiles<Kern, SL>(dSt, VA, OP, View{sh.row(dout, b, h, 0), H16, ldq, 1}, T, D, SD, q0,
-                                nq, 1.0f, pf);
+            score_tiles<Kern, SL>(St, KA, QP, View{qh, H16, ldqh, 1}, nq, 0, T, D, SD, q0, nq,
+                                  scale, pf);
+          score_tiles<Kern, SL>(dSt, VA, OP, View{gh, H16, ldq, 1}, nq, 0, T, D, SD, q0, nq, 1.0f,
+                                pf);
           for (int64_t c = 0; c < nq; ++c)  // rowsum(dO O)
             rowdot[c] = row_dot(gh + c * ldq, oh + c * ldq, D);
           // P as saved, or exp(S - lse); dS = P (dP - rowsum(dO O)) scale; 0 where masked.
@@ -418,18 +479,38 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
           }
           // dV += Pᵀ dO, dK += dSᵀ Q, dQ = dS K
           pack_dims_b<Kern, SL>(OT, View{gh, H16, 1, ldq}, D, nq, SQ);
-          pack_dims_b<Kern, SL>(QT, View{qh, H16, 1, ldq}, D, nq, SQ);
+          pack_dims_b<Kern, SL>(QT, View{qh, H16, 1, ldqh}, D, nq, SQ);
           // (the group's first head sums each key first in the block of its own query: stored
           // there, so that dK and dV need no zeroing)
           const int64_t fresh = h == g * G ? q0 : T;
           key_rows<Kern, SL>(dVs, D, St, OT, XA, D, SQ, q0, nq, fresh, pf);
           key_rows<Kern, SL>(dKs, D, dSt, QT, XA, D, SQ, q0, nq, fresh, pf);
-          query_rows<Kern, SL>(sh.row(dq, b, h, q0), ldq, dSt, KB, XA, D, ST, q0, nq, st, pf);
+          if (qn) {  // dQ as the values dq would hold, turned back into dqkv's rows
+            query_rows<Kern, SL>(dQn, D, dSt, KB, XA, D, ST, q0, nq, BF ? Store::round : Store::f32,
+                                 pf);
+            qn->grads(*qn, dQn, b, h, q0, nq, dw);
+          } else {
+            query_rows<Kern, SL>(sh.row(dq, b, h, q0), ldq, dSt, KB, XA, D, ST, q0, nq, st, pf);
+          }
           pf.finish();
         }
       // dK and dV are whole: stored (the bf16 kind rounded) past the caches, being read only
       // after the whole backward (layer backward -1.4 % at W2 fp32, layers alternating); in
       // bf16 storage as they are
+      if (qn) {  // dK as dk would hold it, turned back; dV into dqkv's value rows
+        if constexpr (BF)
+          for (int64_t i = 0; i < T * D; ++i) dKs[i] = round_to_bf16(dKs[i]);
+        qn->grads(*qn, dKs, b, H + g, 0, T, dw + D);
+        E* const dvp = static_cast<E*>(qn->dqkv) + sh.proj_at(b, H + KVH + g, 0);
+        if constexpr (H16) {
+          store_rounded(dvp, sh.R(), dVs, D, int(T), int(D));
+        } else {
+          for (int64_t j = 0; j < T; ++j) Kern::store_nt(dvp + j * sh.R(), dVs + j * D, D, BF);
+          _mm_sfence();
+        }
+        continue;
+      }
+      E *dkg = dk + (b * T * KVH + g) * D, *dvg = dv + (b * T * KVH + g) * D;
       if constexpr (H16) {
         store_rounded(dkg, ldk, dKs, D, int(T), int(D));
         store_rounded(dvg, ldk, dVs, D, int(T), int(D));

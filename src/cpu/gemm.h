@@ -35,11 +35,37 @@ using GemmDxSgdFn = void (*)(int64_t M, int64_t OC, int64_t IC, const float* dou
                              float* W, float* dx, float lr);
 using GemmDxSgd16Fn = void (*)(int64_t M, int64_t OC, int64_t IC, View dout, View doutT, View x,
                                uint16_t* W, void* dx, Store st, float lr);
+// QK-norm and RoPE taken into attention (attention_qkn_* in cpu/layers.h). The drivers then
+// read the fused projection in place of q, k and v (and write its gradient in place of dq, dk
+// and dv), and ask layers.cpp for each head's rows: normalized and rotated as they are needed,
+// into the task's buffer, by the row code of qk_norm_rope_* (so the same values).
+struct QkNorm {
+  const void* qkv;  // [B*T, (H + 2 KVH) D]; per kv head g of a row [G query heads | key | value]
+  void* dqkv;       // backward: its gradient, overwritten (both in the activations' storage)
+  const float *qw, *kw, *cos, *sin;
+  float *qrstd, *krstd;  // [B*T, H], [B*T, KVH]: the forward stores them, the backward reads
+  float* dw;             // backward: [B * KVH][2 D] per task (q_norm's, then k_norm's) added into
+  int64_t T, H, KVH, D;
+  double eps;
+  bool rnd;  // bf16 runs: rounded where qk_norm_rope_* round
+  // Rows t0..t0+n-1 of sequence b's head h (h < H: query head h; H + g: kv head g's key),
+  // into dst [n][D] in the activations' storage (rstd computed and stored when `fresh`, else
+  // read)
+  void (*rows)(const QkNorm&, void* dst, int64_t b, int64_t h, int64_t t0, int64_t n, bool fresh);
+  // Their backward: g [n][D], the values attention's dq or dk rows would hold, into dqkv's rows;
+  // the norm weight's gradient added into dw [D], row after row
+  void (*grads)(const QkNorm&, const float* g, int64_t b, int64_t h, int64_t t0, int64_t n,
+                float* dw);
+};
+
+// qn null: q, k, v (dq, dk, dv) as given; else they are null and qn says where the rows are.
 using AttnFwdFn = void (*)(float* out, float* lse, const float* q, const float* k, const float* v,
-                           int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
+                           int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                           const QkNorm* qn);
 using AttnBwdFn = void (*)(float* dq, float* dk, float* dv, const float* dout, const float* out,
                            const float* lse, const float* q, const float* k, const float* v,
-                           int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
+                           int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                           const QkNorm* qn);
 // What attention's forward saves for its backward besides each query's log-sum-exp: the
 // probabilities P it made, which the backward then reads instead of recomputing the scores
 // and their exps (a W2 layer's backward -17 %, forward +6 %). P grows with T^2, so it is
@@ -126,11 +152,12 @@ void gemm_bf16_dx_sgd(int64_t M, int64_t OC, int64_t IC, View dout, View doutT, 
 // every activation in bf16 storage, GemmSet::attn_fwd[2]). lse: a stats buffer (AttnProbs).
 void attention_forward_kernels(bool bf16, bool h16, float* out, float* lse, const float* q,
                                const float* k, const float* v, int64_t B, int64_t T, int64_t H,
-                               int64_t KVH, int64_t D);
+                               int64_t KVH, int64_t D, const QkNorm* qn = nullptr);
 void attention_backward_kernels(bool bf16, bool h16, float* dq, float* dk, float* dv,
                                 const float* dout, const float* out, const float* lse,
                                 const float* q, const float* k, const float* v, int64_t B,
-                                int64_t T, int64_t H, int64_t KVH, int64_t D);
+                                int64_t T, int64_t H, int64_t KVH, int64_t D,
+                                const QkNorm* qn = nullptr);
 
 // The per-instruction-set kernels behind gemm_set (gemm_avx512.cpp, gemm_avx2.cpp): compiled
 // for those instructions, they fault on CPUs without them.

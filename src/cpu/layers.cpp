@@ -282,6 +282,34 @@ static inline void fetch(const uint16_t* p, int64_t n, bool write) {
 // DC: the head dimension known at compile time (0: D at run time). Every Qwen3 preset has
 // D = 128; with it constant the row loops compile without remainders or run-time trip
 // counts, the same bits (W2 bf16 storage: forward -20 to -25 %, backward -10 to -18 %).
+// One head row of it: the projection's row `in` normalized by rstd r and rotated into oe.
+// y, o: a row of scratch each.
+template <class E, int DC>
+static inline void qk_row(E* oe, const E* in, float r, const float* w, const float* c,
+                          const float* s, int64_t Dr, bool rnd, float* y, float* o) {
+  const int64_t D = DC ? DC : Dr, D2 = D / 2;
+  rms_apply(y, in, r, w, D);
+  if (rnd) round_row(y, D);
+  if constexpr (std::is_same_v<E, float>) {  // rotated in place
+    rope_row(oe, y, c, s, D2, 1.0f);
+    if (rnd) round_row(oe, D);
+  } else {  // rotated into o, rounded as stored
+    rope_row(o, y, c, s, D2, 1.0f);
+    for (int64_t e = 0; e < D; ++e) oe[e] = f32_to_bf16(o[e]);
+  }
+}
+// Its backward: gi, the gradient of the rotated row (in either storage), into out; the norm
+// weight's gradient added into dw. gr: a row of scratch.
+template <class E, int DC, class GE>
+static inline void qk_row_backward(E* out, float* dw, const GE* gi, const E* in, float r,
+                                   const float* w, const float* c, const float* s, int64_t Dr,
+                                   bool rnd, float* gr) {
+  const int64_t D = DC ? DC : Dr, D2 = D / 2;
+  rope_row(gr, gi, c, s, D2, -1.0f);
+  if (rnd) round_row(gr, D);
+  rms_row_backward(out, dw, gr, in, r, w, D, rnd);
+}
+
 template <class E, int DC>
 static void qk_fwd(E* q, E* k, E* v, float* qrstd, float* krstd, const E* qkv, const float* qw,
                    const float* kw, const float* cos, const float* sin, int64_t B, int64_t T,
@@ -310,16 +338,8 @@ static void qk_fwd(E* q, E* k, E* v, float* qrstd, float* krstd, const E* qkv, c
           const bool key = i == G;
           const int64_t row = key ? n * KVH + g : n * H + g * G + i;
           (key ? krstd : qrstd)[row] = rs[size_t(i)];
-          rms_apply(y.data(), in + i * D, rs[size_t(i)], key ? kw : qw, D);
-          if (rnd) round_row(y.data(), D);
-          E* oe = (key ? k : q) + row * D;
-          if constexpr (std::is_same_v<E, float>) {  // rotated in place
-            rope_row(oe, y.data(), c, s, D2, 1.0f);
-            if (rnd) round_row(oe, D);
-          } else {  // rotated into o, rounded as stored
-            rope_row(o.data(), y.data(), c, s, D2, 1.0f);
-            for (int64_t e = 0; e < D; ++e) oe[e] = f32_to_bf16(o[size_t(e)]);
-          }
+          qk_row<E, DC>((key ? k : q) + row * D, in + i * D, rs[size_t(i)], key ? kw : qw, c, s, D,
+                        rnd, y.data(), o.data());
         }
         std::memcpy(v + (n * KVH + g) * D, in + (G + 1) * D, size_t(D) * sizeof(E));
       }
@@ -371,10 +391,9 @@ static void qk_bwd(E* dqkv, float* dqw, float* dkw, const E* dq, const E* dk, co
         for (int64_t i = 0; i <= G; ++i) {
           const bool key = i == G;
           const int64_t row = key ? n * KVH + g : n * H + g * G + i;
-          rope_row(gr.data(), (key ? dk : dq) + row * D, c, s, D2, -1.0f);
-          if (rnd) round_row(gr.data(), D);
-          rms_row_backward(out + i * D, key ? mq + D : mq, gr.data(), in + i * D,
-                           (key ? krstd : qrstd)[row], key ? kw : qw, D, rnd);
+          qk_row_backward<E, DC>(out + i * D, key ? mq + D : mq, (key ? dk : dq) + row * D,
+                                 in + i * D, (key ? krstd : qrstd)[row], key ? kw : qw, c, s, D,
+                                 rnd, gr.data());
         }
         std::memcpy(out + (G + 1) * D, dv + (n * KVH + g) * D, size_t(D) * sizeof(E));
       }
@@ -399,6 +418,91 @@ void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq,
   };
   if (D == 128) return run(qk_bwd<float, 128>, qk_bwd<uint16_t, 128>);
   run(qk_bwd<float, 0>, qk_bwd<uint16_t, 0>);
+}
+
+// QK-norm and RoPE inside attention (QkNorm in cpu/gemm.h): a head's rows by qk_row and back
+// by qk_row_backward, so the values of qk_norm_rope_*.
+struct QknRows {  // where rows t0.. of sequence b's head h lie (h as in QkNorm::rows)
+  int64_t at, R, rs, rstride, D2;
+  const float *w, *cos, *sin;
+  float* rstd;
+  QknRows(const QkNorm& qn, int64_t b, int64_t h, int64_t t0) {
+    const int64_t H = qn.H, KVH = qn.KVH, G = H / KVH, D = qn.D, T = qn.T;
+    const bool key = h >= H;
+    const int64_t g = key ? h - H : h / G, i = key ? G : h % G;
+    R = (H + 2 * KVH) * D, D2 = D / 2;
+    at = (b * T + t0) * R + (g * (G + 2) + i) * D;
+    rstride = key ? KVH : H;
+    rstd = (key ? qn.krstd + (b * T + t0) * KVH + g : qn.qrstd + (b * T + t0) * H + h);
+    w = key ? qn.kw : qn.qw;
+    cos = qn.cos + t0 * D2, sin = qn.sin + t0 * D2;
+  }
+};
+template <class E, int DC>
+static void qkn_rows(const QkNorm& qn, void* dst, int64_t b, int64_t h, int64_t t0, int64_t n,
+                     bool fresh) {
+  const int64_t D = DC ? DC : qn.D;
+  const QknRows w(qn, b, h, t0);
+  const E* in = static_cast<const E*>(qn.qkv) + w.at;
+  E* out = static_cast<E*>(dst);
+  std::vector<float> y(static_cast<size_t>(2 * D));
+  for (int64_t t = 0; t < n; ++t) {
+    const E* r = in + t * w.R;
+    float& rs = w.rstd[t * w.rstride];
+    if (fresh) rs = rms_rstd(r, D, qn.eps);
+    qk_row<E, DC>(out + t * D, r, rs, w.w, w.cos + t * w.D2, w.sin + t * w.D2, D, qn.rnd, y.data(),
+                  y.data() + D);
+  }
+}
+template <class E, int DC>
+static void qkn_grads(const QkNorm& qn, const float* g, int64_t b, int64_t h, int64_t t0, int64_t n,
+                      float* dw) {
+  const int64_t D = DC ? DC : qn.D;
+  const QknRows w(qn, b, h, t0);
+  const E* in = static_cast<const E*>(qn.qkv) + w.at;
+  E* out = static_cast<E*>(qn.dqkv) + w.at;
+  std::vector<float> gr(static_cast<size_t>(D));
+  for (int64_t t = 0; t < n; ++t)
+    qk_row_backward<E, DC>(out + t * w.R, dw, g + t * D, in + t * w.R, w.rstd[t * w.rstride], w.w,
+                           w.cos + t * w.D2, w.sin + t * w.D2, D, qn.rnd, gr.data());
+}
+static QkNorm qk_norm(const float* qkv, float* dqkv, const float* qw, const float* kw,
+                      const float* cos, const float* sin, float* qrstd, float* krstd, float* dw,
+                      int64_t T, int64_t H, int64_t KVH, int64_t D, double eps, bool rnd,
+                      bool h16) {
+  QkNorm qn{qkv, dqkv, qw,  kw, cos, sin, qrstd,   krstd,  dw,
+            T,   H,    KVH, D,  eps, rnd, nullptr, nullptr};
+  if (D == 128)
+    qn.rows = h16 ? qkn_rows<uint16_t, 128> : qkn_rows<float, 128>,
+    qn.grads = h16 ? qkn_grads<uint16_t, 128> : qkn_grads<float, 128>;
+  else
+    qn.rows = h16 ? qkn_rows<uint16_t, 0> : qkn_rows<float, 0>,
+    qn.grads = h16 ? qkn_grads<uint16_t, 0> : qkn_grads<float, 0>;
+  return qn;
+}
+
+void attention_qkn_forward(float* out, float* stats, float* qrstd, float* krstd, const float* qkv,
+                           const float* qw, const float* kw, const float* cos, const float* sin,
+                           int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, double eps,
+                           bool bf16, bool h16) {
+  const QkNorm qn =
+      qk_norm(qkv, nullptr, qw, kw, cos, sin, qrstd, krstd, nullptr, T, H, KVH, D, eps, bf16, h16);
+  attention_forward_kernels(bf16, h16, out, stats, nullptr, nullptr, nullptr, B, T, H, KVH, D, &qn);
+}
+void attention_qkn_backward(float* dqkv, float* dqw, float* dkw, const float* dout,
+                            const float* out, const float* stats, const float* qkv,
+                            const float* qrstd, const float* krstd, const float* qw,
+                            const float* kw, const float* cos, const float* sin, int64_t B,
+                            int64_t T, int64_t H, int64_t KVH, int64_t D, bool bf16, bool h16) {
+  // the norm weights' gradients per task, summed in task order: the same for any thread count
+  std::vector<float> part(size_t(B * KVH * 2 * D), 0.0f);
+  const QkNorm qn = qk_norm(qkv, dqkv, qw, kw, cos, sin, const_cast<float*>(qrstd),
+                            const_cast<float*>(krstd), part.data(), T, H, KVH, D, 0.0, bf16, h16);
+  attention_backward_kernels(bf16, h16, nullptr, nullptr, nullptr, dout, out, stats, nullptr,
+                             nullptr, nullptr, B, T, H, KVH, D, &qn);
+  for (int64_t t = 0; t < B * KVH; ++t)
+    for (int64_t e = 0; e < D; ++e)
+      dqw[e] += part[size_t(t * 2 * D + e)], dkw[e] += part[size_t(t * 2 * D + D + e)];
 }
 
 static inline float dot(const float* a, const float* b, int64_t D) {

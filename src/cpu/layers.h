@@ -82,6 +82,20 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
                              const float* lse, const float* q, const float* k, const float* v,
                              int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
                              bool h16 = false);
+// qk_norm_rope_* and attention_* (bf16: the *_bf16 ones) in one: attention reads the fused
+// projection qkv in place of q, k, v and writes dqkv in place of dq, dk, dv, normalizing and
+// rotating each head's rows as it needs them (the values of the two ops, so the same outputs;
+// the norm weights' gradients are summed in another order). Only where own_kernels() (gemm.h)
+void attention_qkn_forward(float* out, float* stats, float* qrstd, float* krstd, const float* qkv,
+                           const float* qw, const float* kw, const float* cos, const float* sin,
+                           int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, double eps,
+                           bool bf16, bool h16 = false);
+void attention_qkn_backward(float* dqkv, float* dqw, float* dkw, const float* dout,
+                            const float* out, const float* stats, const float* qkv,
+                            const float* qrstd, const float* krstd, const float* qw,
+                            const float* kw, const float* cos, const float* sin, int64_t B,
+                            int64_t T, int64_t H, int64_t KVH, int64_t D, bool bf16,
+                            bool h16 = false);
 // rnd: the output stored rounded to bf16 (bf16 runs)
 void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F, bool rnd);
 void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, int64_t F,

@@ -104,6 +104,8 @@ const Ops& cpu_ops() {
       own ? cpu::attention_forward_bf16 : nullptr,
       own ? cpu::attention_backward_bf16 : nullptr,
       cpu::attention_stats,
+      own ? cpu::attention_qkn_forward : nullptr,
+      own ? cpu::attention_qkn_backward : nullptr,
       cpu::swiglu_forward,
       cpu::swiglu_backward,
       own ? cpu::swiglu_forward_bf16 : nullptr,  // with the bf16w products

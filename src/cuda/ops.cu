@@ -609,6 +609,8 @@ const Ops& device_ops() {
       nullptr,  // attention_*_bf16: fp32 products
       nullptr,
       nullptr,  // attention_stats: lse only
+      nullptr,  // attention_qkn_*: qk norms and rotations, then attention
+      nullptr,
       swiglu_forward,
       swiglu_backward,
       nullptr,  // swiglu_*_bf16: activations in fp32 storage

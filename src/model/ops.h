@@ -93,6 +93,20 @@ struct Ops {
   // keeps the probabilities where they are small enough, so that the backward need not
   // recompute them)
   int64_t (*attention_stats)(int64_t, int64_t, int64_t, int64_t, int64_t, bool);
+  // Optional (null: qk_norm_rope_* or the model's composition, then attention_*): the two in
+  // one, attention reading the fused projection in place of q, k, v and writing its gradient
+  // in place of dq, dk, dv, so that no q, k, v or gradients of them are kept:
+  // forward (out, stats, qrstd, krstd, qkv, qw, kw, cos, sin, B, T, H, KVH, D, eps, bf16, h16);
+  // backward (dqkv, dqw, dkw, dout, out, stats, qkv, qrstd, krstd, qw, kw, cos, sin, B, T, H,
+  // KVH, D, bf16, h16), adding into dqw, dkw. bf16: a bf16 run's (attention_*_bf16, and the
+  // roundings of qk_norm_rope_*); h16 as there.
+  void (*attention_qkn_forward)(float*, float*, float*, float*, const float*, const float*,
+                                const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                                int64_t, int64_t, double, bool, bool);
+  void (*attention_qkn_backward)(float*, float*, float*, const float*, const float*, const float*,
+                                 const float*, const float*, const float*, const float*,
+                                 const float*, const float*, const float*, int64_t, int64_t,
+                                 int64_t, int64_t, int64_t, bool, bool);
   // the last flag: store the output rounded to bf16 (bf16 runs)
   void (*swiglu_forward)(float*, const float*, int64_t, int64_t, bool);
   void (*swiglu_backward)(float*, const float*, const float*, int64_t, int64_t, bool);

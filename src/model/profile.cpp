@@ -58,6 +58,7 @@ const Ops& profiled(const Ops& inner) {
     TQ_WRAP(qk_norm_rope_forward), TQ_WRAP(qk_norm_rope_backward);
     TQ_WRAP(attention_forward), TQ_WRAP(attention_backward);
     TQ_WRAP(attention_forward_bf16), TQ_WRAP(attention_backward_bf16);
+    TQ_WRAP(attention_qkn_forward), TQ_WRAP(attention_qkn_backward);
     TQ_WRAP(swiglu_forward), TQ_WRAP(swiglu_backward);
     TQ_WRAP(swiglu_forward_bf16), TQ_WRAP(swiglu_backward_bf16);
     TQ_WRAP(crossentropy_forward), TQ_WRAP(crossentropy_backward);

@@ -50,29 +50,39 @@ static int64_t attn_stats(const Config& c, DType dtype, int64_t B, int64_t T, co
   return o.attention_stats ? o.attention_stats(B, T, c.H, c.KVH, c.D, bf) : B * c.H * T;
 }
 
+// Whether attention takes QK-norm and RoPE in (Ops::attention_qkn_*): then no q, k, v nor their
+// gradients are kept.
+static bool attn_qkn(const Ops& o, DType dtype) {
+  return o.attention_qkn_forward && o.attention_qkn_backward &&
+         (dtype == DType::f32 || o.attention_forward_bf16);
+}
+
 // Sizes (floats) of the per-layer saved activations, in LayerActs order (stats: attention's).
 static std::vector<int64_t> layer_act_sizes(const Config& c, int64_t B, int64_t T, bool h16,
-                                            int64_t stats) {
+                                            int64_t stats, bool qkn) {
   const int64_t N = B * T;
-  const int64_t HD = c.H * c.D, KD = c.KVH * c.D;
+  const int64_t HD = qkn ? 0 : c.H * c.D, KD = qkn ? 0 : c.KVH * c.D;  // (q, k and v)
   const auto f = [h16](int64_t n) { return floats(n, h16); };  // those stored as bf16 in h16
   // res, xn1, rstd1, qkv, v, qrstd, krstd, q, k, att, lse, mid, xn2, rstd2, ab, m
   // clang-format off
   return {N * c.C,        N * c.C,   N,         f(N * c.qkv_rows()), f(N * KD), N * c.H, N * c.KVH,
-          f(N * HD),      f(N * KD), f(N * HD), stats,               N * c.C,   N * c.C, N,
+          f(N * HD),      f(N * KD), f(N * c.H * c.D), stats,        N * c.C,   N * c.C, N,
           f(N * 2 * c.F), f(N * c.F)};
   // clang-format on
 }
 static int64_t final_act_size(const Config& c, int64_t N) {
   return N * c.C + N * c.C + N + N * c.V + N;  // res_final, xnf, rstdf, logits, lse_ce
 }
-static std::vector<int64_t> scratch_sizes(const Config& c, int64_t B, int64_t T, bool h16) {
-  const int64_t N = B * T, HD = c.H * c.D, KD = c.KVH * c.D;
+static std::vector<int64_t> scratch_sizes(const Config& c, int64_t B, int64_t T, bool h16,
+                                          bool qkn) {
+  const int64_t N = B * T, HD = c.H * c.D, KD = qkn ? 0 : c.KVH * c.D;
   const auto f = [h16](int64_t n) { return floats(n, h16); };  // those stored as bf16 in h16
   // qkv, tmp, dres, dtmp, dxn, dab, dm, datt, dq, dk, dv, dqr, dkr, tokens, targets, cos, sin
+  // (with qkn no dq, dk, dv, dqr, dkr: KD 0 and QD for dq, dqr)
+  const int64_t QD = qkn ? 0 : HD;
   return {f(N * c.qkv_rows()), N * c.C,    N * c.C,   N * c.C,   N * c.C,
-          f(N * 2 * c.F),      f(N * c.F), f(N * HD), f(N * HD), f(N * KD),
-          f(N * KD),           N * HD,     N * KD,    N,         N,
+          f(N * 2 * c.F),      f(N * c.F), f(N * HD), f(N * QD), f(N * KD),
+          f(N * KD),           N * QD,     N * KD,    N,         N,
           T * c.D / 2,         T * c.D / 2};
 }
 static int64_t sum(const std::vector<int64_t>& v) {
@@ -155,10 +165,12 @@ MemoryPlan memory_plan(const Config& c, DType dtype, int64_t B, int64_t T, const
                        bool sgd_only) {
   const ParamLayout p = make_layout(c);
   const Needs n = needs(c, p, dtype, ops, sgd_only);
-  const int64_t acts = c.L * sum(layer_act_sizes(c, B, T, n.h16, attn_stats(c, dtype, B, T, ops)));
+  const int64_t acts = c.L * sum(layer_act_sizes(c, B, T, n.h16, attn_stats(c, dtype, B, T, ops),
+                                                 attn_qkn(ops, dtype)));
   return {p.total * dtype_size(dtype), n.grads * dtype_size(dtype),
           size_t(acts + final_act_size(c, B * T)) * 4,
-          size_t(sum(scratch_sizes(c, B, T, n.h16))) * 4 + (n.wview + n.gview) * 4};
+          size_t(sum(scratch_sizes(c, B, T, n.h16, attn_qkn(ops, dtype)))) * 4 +
+              (n.wview + n.gview) * 4};
 }
 
 Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& ops, bool sgd_only)
@@ -167,6 +179,7 @@ Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& op
   const MemoryPlan plan = memory_plan(cfg, dtype, B, T, ops, sgd_only);
   unfused_ = need.unfused;
   can_fuse_ = can_fuse(ops, dtype);
+  qkn_ = attn_qkn(ops, dtype);
   compact_grads_ = need.compact;
   size_t g = 0;  // gradient slots: the whole layout, or the unfused ranges one after another
   if (compact_grads_)
@@ -179,7 +192,7 @@ Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& op
   scratch_ = static_cast<float*>(ops.alloc(plan.scratch));
   float* p = acts_;
   const std::vector<int64_t> ls =
-      layer_act_sizes(cfg, B, T, bf16_acts_, attn_stats(cfg, dtype, B, T, ops));
+      layer_act_sizes(cfg, B, T, bf16_acts_, attn_stats(cfg, dtype, B, T, ops), qkn_);
   for (int64_t l = 0; l < cfg.L; ++l) {
     LayerActs a;
     float** views[] = {&a.res, &a.xn1, &a.rstd1, &a.qkv, &a.v,   &a.qrstd, &a.krstd, &a.q,
@@ -195,7 +208,7 @@ Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& op
   float* ids[2];  // tokens, targets: int32 in the backend's memory, as the kernels read them
   float** sviews[] = {&qkv_, &tmp_, &dres_, &dtmp_, &dxn_,   &dab_,   &dm_,  &datt_, &dq_,
                       &dk_,  &dv_,  &dqr_,  &dkr_,  &ids[0], &ids[1], &cos_, &sin_};
-  const std::vector<int64_t> ss = scratch_sizes(cfg, B, T, bf16_acts_);
+  const std::vector<int64_t> ss = scratch_sizes(cfg, B, T, bf16_acts_, qkn_);
   p = scratch_;
   for (size_t i = 0; i < ss.size(); ++i) *sviews[i] = p, p += ss[i];
   tokens_ = reinterpret_cast<int32_t*>(ids[0]);
@@ -323,23 +336,28 @@ double Qwen3::forward(const Batch& batch) {
     linear_forward({a.qkv, h16}, {a.xn1}, w.wqkv, C, QKV);
     // q_norm and k_norm are adjacent: widened together in bf16 runs
     const float* qkw = weight(w.q_norm, 2 * D);
-    if (o.qk_norm_rope_forward) {
-      o.qk_norm_rope_forward(a.q, a.k, a.v, a.qrstd, a.krstd, a.qkv, qkw, qkw + D, cos_, sin_, B_,
-                             T_, H, K, D, c.eps, dtype_ == DType::bf16, h16);
-    } else {  // the split's q, k into backward scratch (free until backward)
-      o.qkv_split_forward(dqr_, dkr_, a.v, a.qkv, N, H, K, D);
-      o.rmsnorm_forward(a.q, a.qrstd, dqr_, qkw, N * H, D, c.eps);
-      o.rmsnorm_forward(a.k, a.krstd, dkr_, qkw + D, N * K, D, c.eps);
-      rb(a.q, N * H * D), rb(a.k, N * K * D);
-      o.rope_forward(a.q, a.q, cos_, sin_, B_, T_, H, D);
-      o.rope_forward(a.k, a.k, cos_, sin_, B_, T_, K, D);
-      rb(a.q, N * H * D), rb(a.k, N * K * D);
-    }
-    if (dtype_ == DType::bf16 && o.attention_forward_bf16) {  // att rounded by the op
-      o.attention_forward_bf16(a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D, h16);
+    if (qkn_) {  // attention reads qkv itself (att rounded by the op in bf16 runs)
+      o.attention_qkn_forward(a.att, a.lse, a.qrstd, a.krstd, a.qkv, qkw, qkw + D, cos_, sin_, B_,
+                              T_, H, K, D, c.eps, dtype_ == DType::bf16, h16);
     } else {
-      o.attention_forward(a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D);
-      rb(a.att, N * H * D);
+      if (o.qk_norm_rope_forward) {
+        o.qk_norm_rope_forward(a.q, a.k, a.v, a.qrstd, a.krstd, a.qkv, qkw, qkw + D, cos_, sin_, B_,
+                               T_, H, K, D, c.eps, dtype_ == DType::bf16, h16);
+      } else {  // the split's q, k into backward scratch (free until backward)
+        o.qkv_split_forward(dqr_, dkr_, a.v, a.qkv, N, H, K, D);
+        o.rmsnorm_forward(a.q, a.qrstd, dqr_, qkw, N * H, D, c.eps);
+        o.rmsnorm_forward(a.k, a.krstd, dkr_, qkw + D, N * K, D, c.eps);
+        rb(a.q, N * H * D), rb(a.k, N * K * D);
+        o.rope_forward(a.q, a.q, cos_, sin_, B_, T_, H, D);
+        o.rope_forward(a.k, a.k, cos_, sin_, B_, T_, K, D);
+        rb(a.q, N * H * D), rb(a.k, N * K * D);
+      }
+      if (dtype_ == DType::bf16 && o.attention_forward_bf16) {  // att rounded by the op
+        o.attention_forward_bf16(a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D, h16);
+      } else {
+        o.attention_forward(a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D);
+        rb(a.att, N * H * D);
+      }
     }
     linear_forward({tmp_}, {a.att, h16}, w.wo, H * D, C);
     o.copy(a.mid, a.res, N * C);
@@ -406,29 +424,35 @@ void Qwen3::backward_pass() {
     rb(dres_, N * C);
     // attention
     linear_backward({datt_, h16}, {dres_}, {a.att, h16}, w.wo, H * D, C);
-    if (dtype_ == DType::bf16 && o.attention_backward_bf16) {  // dq, dk, dv rounded by the op
-      o.attention_backward_bf16(dq_, dk_, dv_, datt_, a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D,
-                                h16);
-    } else {
-      o.attention_backward(dq_, dk_, dv_, datt_, a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D);
-      rb(dq_, N * H * D), rb(dk_, N * K * D), rb(dv_, N * K * D);
-    }
     const float* qkw = weight(w.q_norm, 2 * D);  // q_norm, k_norm (adjacent)
     float* dqkw = grad(w.q_norm, 2 * D);
-    if (o.qk_norm_rope_backward) {
-      o.qk_norm_rope_backward(qkv_, dqkw, dqkw + D, dq_, dk_, dv_, a.qkv, a.qrstd, a.krstd, qkw,
-                              qkw + D, cos_, sin_, B_, T_, H, K, D, dtype_ == DType::bf16, h16);
+    if (qkn_) {  // straight into dqkv (qkv_)
+      o.attention_qkn_backward(qkv_, dqkw, dqkw + D, datt_, a.att, a.lse, a.qkv, a.qrstd, a.krstd,
+                               qkw, qkw + D, cos_, sin_, B_, T_, H, K, D, dtype_ == DType::bf16,
+                               h16);
     } else {
-      o.rope_backward(dq_, dq_, cos_, sin_, B_, T_, H, D);
-      o.rope_backward(dk_, dk_, cos_, sin_, B_, T_, K, D);
-      rb(dq_, N * H * D), rb(dk_, N * K * D);
-      // the norms' inputs again, from the saved projection: q, k, v fill qkv_ exactly
-      float *qr = qkv_, *kr = qkv_ + N * H * D;
-      o.qkv_split_forward(qr, kr, kr + N * K * D, a.qkv, N, H, K, D);
-      o.rmsnorm_backward(dqr_, dqkw, dq_, qr, a.qrstd, qkw, N * H, D);
-      o.rmsnorm_backward(dkr_, dqkw + D, dk_, kr, a.krstd, qkw + D, N * K, D);
-      rb(dqr_, N * H * D), rb(dkr_, N * K * D);
-      o.qkv_split_backward(qkv_, dqr_, dkr_, dv_, N, H, K, D);
+      if (dtype_ == DType::bf16 && o.attention_backward_bf16) {  // dq, dk, dv rounded by the op
+        o.attention_backward_bf16(dq_, dk_, dv_, datt_, a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K,
+                                  D, h16);
+      } else {
+        o.attention_backward(dq_, dk_, dv_, datt_, a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D);
+        rb(dq_, N * H * D), rb(dk_, N * K * D), rb(dv_, N * K * D);
+      }
+      if (o.qk_norm_rope_backward) {
+        o.qk_norm_rope_backward(qkv_, dqkw, dqkw + D, dq_, dk_, dv_, a.qkv, a.qrstd, a.krstd, qkw,
+                                qkw + D, cos_, sin_, B_, T_, H, K, D, dtype_ == DType::bf16, h16);
+      } else {
+        o.rope_backward(dq_, dq_, cos_, sin_, B_, T_, H, D);
+        o.rope_backward(dk_, dk_, cos_, sin_, B_, T_, K, D);
+        rb(dq_, N * H * D), rb(dk_, N * K * D);
+        // the norms' inputs again, from the saved projection: q, k, v fill qkv_ exactly
+        float *qr = qkv_, *kr = qkv_ + N * H * D;
+        o.qkv_split_forward(qr, kr, kr + N * K * D, a.qkv, N, H, K, D);
+        o.rmsnorm_backward(dqr_, dqkw, dq_, qr, a.qrstd, qkw, N * H, D);
+        o.rmsnorm_backward(dkr_, dqkw + D, dk_, kr, a.krstd, qkw + D, N * K, D);
+        rb(dqr_, N * H * D), rb(dkr_, N * K * D);
+        o.qkv_split_backward(qkv_, dqr_, dkr_, dv_, N, H, K, D);
+      }
     }
     grad_done(w.q_norm, 2 * D);
     linear_backward({dxn_}, {qkv_, h16}, {a.xn1}, w.wqkv, C, QKV);

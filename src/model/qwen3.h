@@ -109,6 +109,7 @@ class Qwen3 {
   // qkv, q, k, v, att, ab, m and the gradients qkv_ (dqkv), dq_, dk_, dv_, datt_, dab_, dm_
   // hold bf16 bits (their float* views then point at uint16_t arrays)
   const bool bf16_acts_ = bf16_acts(ops_, dtype_);
+  bool qkn_ = false;       // attention takes QK-norm and RoPE in: no q, k, v, dq, dk, dv, dqr, dkr
   void *params_, *grads_;  // float or uint16_t (bf16) [layout_.total]
   float *acts_, *scratch_;
   // bf16 mode: the fp32 view of a weight [wview_] and a gradient [gview_], each as large as
