@@ -17,7 +17,11 @@
 // saves it (AttnProbs in cpu/gemm.h) and the backward reads it, so that only dPᵀ = V dOᵀ is a
 // score product there; else the backward recomputes Sᵀ and P = exp(S - lse).
 // Each output element is summed by one task in a fixed order: results do not depend on the
-// thread count.
+// thread count. With a QkNorm (cpu/gemm.h; attention_qkn_*) the drivers read the fused
+// projection instead of q, k, v: a task's keys and each block's queries are normalized and
+// rotated into per-thread buffers as they are needed (rows D apart, which the packs read
+// faster than token-major rows), and dQ (per block) and dK (per task) are turned back into its
+// gradient while they are in cache.
 #pragma once
 #include <omp.h>
 

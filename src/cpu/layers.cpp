@@ -274,16 +274,8 @@ static inline void fetch(const uint16_t* p, int64_t n, bool write) {
   for (int64_t i = 0; i < n; i += 32) __builtin_prefetch(p + i, write, 3);
 }
 
-// The qkv split, QK-norm and RoPE in one pass over each token's fused projection row: per
-// kv group g of a row, [G query heads | key | value] (spec §3). Row by row the arithmetic
-// (and, for a fixed thread count dividing N, the order of the norm weights' gradient sums)
-// is that of the unfused ops. Activations in fp32 or (h16) bf16 storage (E: float or
-// uint16_t), read and written in place: bf16 widened as read, rounded as stored.
-// DC: the head dimension known at compile time (0: D at run time). Every Qwen3 preset has
-// D = 128; with it constant the row loops compile without remainders or run-time trip
-// counts, the same bits (W2 bf16 storage: forward -20 to -25 %, backward -10 to -18 %).
-// One head row of it: the projection's row `in` normalized by rstd r and rotated into oe.
-// y, o: a row of scratch each.
+// One head row of QK-norm + RoPE (the pass below, and attention_qkn_*): the projection's row
+// `in` normalized by rstd r and rotated into oe (y, o: a row of scratch each).
 template <class E, int DC>
 static inline void qk_row(E* oe, const E* in, float r, const float* w, const float* c,
                           const float* s, int64_t Dr, bool rnd, float* y, float* o) {
@@ -310,6 +302,14 @@ static inline void qk_row_backward(E* out, float* dw, const GE* gi, const E* in,
   rms_row_backward(out, dw, gr, in, r, w, D, rnd);
 }
 
+// The qkv split, QK-norm and RoPE in one pass over each token's fused projection row: per
+// kv group g of a row, [G query heads | key | value] (spec §3). Row by row the arithmetic
+// (and, for a fixed thread count dividing N, the order of the norm weights' gradient sums)
+// is that of the unfused ops. Activations in fp32 or (h16) bf16 storage (E: float or
+// uint16_t), read and written in place: bf16 widened as read, rounded as stored.
+// DC: the head dimension known at compile time (0: D at run time). Every Qwen3 preset has
+// D = 128; with it constant the row loops compile without remainders or run-time trip
+// counts, the same bits (W2 bf16 storage: forward -20 to -25 %, backward -10 to -18 %).
 template <class E, int DC>
 static void qk_fwd(E* q, E* k, E* v, float* qrstd, float* krstd, const E* qkv, const float* qw,
                    const float* kw, const float* cos, const float* sin, int64_t B, int64_t T,
@@ -423,7 +423,7 @@ void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq,
 // QK-norm and RoPE inside attention (QkNorm in cpu/gemm.h): a head's rows by qk_row and back
 // by qk_row_backward, so the values of qk_norm_rope_*.
 struct QknRows {  // where rows t0.. of sequence b's head h lie (h as in QkNorm::rows)
-  int64_t at, R, rs, rstride, D2;
+  int64_t at, R, rstride, D2;
   const float *w, *cos, *sin;
   float* rstd;
   QknRows(const QkNorm& qn, int64_t b, int64_t h, int64_t t0) {
@@ -472,12 +472,13 @@ static QkNorm qk_norm(const float* qkv, float* dqkv, const float* qw, const floa
                       bool h16) {
   QkNorm qn{qkv, dqkv, qw,  kw, cos, sin, qrstd,   krstd,  dw,
             T,   H,    KVH, D,  eps, rnd, nullptr, nullptr};
-  if (D == 128)
-    qn.rows = h16 ? qkn_rows<uint16_t, 128> : qkn_rows<float, 128>,
+  if (D == 128) {
+    qn.rows = h16 ? qkn_rows<uint16_t, 128> : qkn_rows<float, 128>;
     qn.grads = h16 ? qkn_grads<uint16_t, 128> : qkn_grads<float, 128>;
-  else
-    qn.rows = h16 ? qkn_rows<uint16_t, 0> : qkn_rows<float, 0>,
+  } else {
+    qn.rows = h16 ? qkn_rows<uint16_t, 0> : qkn_rows<float, 0>;
     qn.grads = h16 ? qkn_grads<uint16_t, 0> : qkn_grads<float, 0>;
+  }
   return qn;
 }
 
@@ -496,6 +497,7 @@ void attention_qkn_backward(float* dqkv, float* dqw, float* dkw, const float* do
                             int64_t T, int64_t H, int64_t KVH, int64_t D, bool bf16, bool h16) {
   // the norm weights' gradients per task, summed in task order: the same for any thread count
   std::vector<float> part(size_t(B * KVH * 2 * D), 0.0f);
+  // (the rstd are only read: rows() is called with fresh false)
   const QkNorm qn = qk_norm(qkv, dqkv, qw, kw, cos, sin, const_cast<float*>(qrstd),
                             const_cast<float*>(krstd), part.data(), T, H, KVH, D, 0.0, bf16, h16);
   attention_backward_kernels(bf16, h16, nullptr, nullptr, nullptr, dout, out, stats, nullptr,
