@@ -170,22 +170,14 @@ void key_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32
 }
 
 // Views of one sequence b: keys/values of kv head g, queries (and their gradients) of head h
-// (E: fp32 or bf16 storage). qkv: the fused projection where QK-norm and RoPE are taken in
-// (QkNorm), whose rows are [B*T][R] with R = (H + 2 KVH) D.
+// (E: fp32 or bf16 storage). qn: where QK-norm and RoPE are taken in, the fused projection
+// (QkNorm::at says where a head's rows lie).
 struct AttnShape {
   int64_t B, T, H, KVH, D;
-  const void* qkv = nullptr;
-  int64_t R() const { return (H + 2 * KVH) * D; }
-  // (b, h)'s rows in qkv: h < H a query head, H + g kv head g's key, H + KVH + g its value
-  int64_t proj_at(int64_t b, int64_t h, int64_t t) const {
-    const int64_t G = H / KVH;
-    int64_t g = h / G, i = h % G;                                // a query head
-    if (h >= H) g = (h - H) % KVH, i = h < H + KVH ? G : G + 1;  // a key, a value
-    return (b * T + t) * R() + (g * (G + 2) + i) * D;
-  }
+  const QkNorm* qn = nullptr;
   template <class E>
   const E* proj(int64_t b, int64_t h, int64_t t) const {
-    return static_cast<const E*>(qkv) + proj_at(b, h, t);
+    return static_cast<const E*>(qn->qkv) + qn->at(b, h, t);
   }
   template <class E>
   View kv(const E* x, int64_t b, int64_t g) const {  // (key j, dim d)
@@ -203,28 +195,28 @@ struct AttnShape {
   // queries in each of qs (up to 3 tensors), then slice `blk` of `nblk` of the keys and
   // values of task `next` (claimed, or >= B * KVH for none). After the task's last block the
   // next block is `next`'s first.
-  // With qkv, qs are the token-major inputs besides q, and the next block's query rows and
-  // the next task's keys and values are fetched from qkv.
+  // With qn, qs are the token-major inputs besides q, and the next block's query rows and
+  // the next task's keys and values are fetched from qn's projection.
   template <class E>
   void plan(RowFetch& pf, const E* const* qs, int nqs, int64_t b, int64_t g, int64_t h, int64_t q0,
             int64_t QB, const E* k, const E* v, int64_t next, int64_t blk, int64_t nblk) const {
     const int64_t G = H / KVH;
     pf.clear();
     if (q0 + QB < T || h + 1 < (g + 1) * G) {
-      const int64_t hn = q0 + QB < T ? h : h + 1, qn = q0 + QB < T ? q0 + QB : 0;
-      for (int i = 0; i < nqs; ++i) pf.add(row(qs[i], b, hn, qn), H * D, lo(QB, T - qn), D);
-      if (qkv) pf.add(proj<E>(b, hn, qn), R(), lo(QB, T - qn), D);
+      const int64_t hn = q0 + QB < T ? h : h + 1, q1 = q0 + QB < T ? q0 + QB : 0;
+      for (int i = 0; i < nqs; ++i) pf.add(row(qs[i], b, hn, q1), H * D, lo(QB, T - q1), D);
+      if (qn) pf.add(proj<E>(b, hn, q1), qn->R(), lo(QB, T - q1), D);
     } else if (next < B * KVH) {
       const int64_t bn = next / KVH, gn = next % KVH;
       for (int i = 0; i < nqs; ++i) pf.add(row(qs[i], bn, gn * G, 0), H * D, lo(QB, T), D);
-      if (qkv) pf.add(proj<E>(bn, gn * G, 0), R(), lo(QB, T), D);
+      if (qn) pf.add(proj<E>(bn, gn * G, 0), qn->R(), lo(QB, T), D);
     }
     if (next < B * KVH) {
       const int64_t bn = next / KVH, gn = next % KVH, j0 = blk * T / nblk,
                     j1 = (blk + 1) * T / nblk;
-      if (qkv) {
-        pf.add(proj<E>(bn, H + gn, j0), R(), j1 - j0, D);
-        pf.add(proj<E>(bn, H + KVH + gn, j0), R(), j1 - j0, D);
+      if (qn) {
+        pf.add(proj<E>(bn, H + gn, j0), qn->R(), j1 - j0, D);
+        pf.add(proj<E>(bn, H + KVH + gn, j0), qn->R(), j1 - j0, D);
       } else {
         pf.add(k + ((bn * T + j0) * KVH + gn) * D, KVH * D, j1 - j0, D);
         pf.add(v + ((bn * T + j0) * KVH + gn) * D, KVH * D, j1 - j0, D);
@@ -267,7 +259,7 @@ void attn_forward(float* out_, float* lse, const float* q_, const float* k_, con
   const AttnProbs pr(T);
   const bool save = pr.saves(H, KVH, D);
   PE* const P = static_cast<PE*>(AttnProbs::probs(lse, B, T, H));
-  const AttnShape sh{B, T, H, KVH, D, qn ? qn->qkv : nullptr};
+  const AttnShape sh{B, T, H, KVH, D, qn};
   const int64_t G = H / KVH, ldq = H * D, SD = (D + per - 1) / per, ST = (T + per - 1) / per;
   const float scale = 1.0f / std::sqrt(float(D));
   // per thread, in words: K as A panels, V as B panels, a query block as B panels, Sᵀ of
@@ -298,7 +290,7 @@ void attn_forward(float* out_, float* lse, const float* q_, const float* k_, con
       if (qn) {
         qn->rows(*qn, Kn, b, H + g, 0, T, true);
         pack_keys_a<Kern, SL>(KA, View{Kn, H16, D, 1}, T, D, SD);
-        pack_dims_b<Kern, SL>(VB, View{sh.proj<E>(b, H + KVH + g, 0), H16, 1, sh.R()}, D, T, ST);
+        pack_dims_b<Kern, SL>(VB, View{sh.proj<E>(b, H + KVH + g, 0), H16, 1, qn->R()}, D, T, ST);
       } else {
         pack_keys_a<Kern, SL>(KA, sh.kv(k, b, g), T, D, SD);
         pack_dims_b<Kern, SL>(VB, sh.kv_t(v, b, g), D, T, ST);
@@ -378,7 +370,7 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
   constexpr Store st = H16 ? Store::bf16 : BF ? Store::round : Store::f32;
   constexpr Slot SL = BF ? Kern::kBf16Slot : Slot::f32;
   constexpr int64_t QB = kAttnQB, per = per_slot(SL);
-  const AttnShape sh{B, T, H, KVH, D, qn ? qn->qkv : nullptr};
+  const AttnShape sh{B, T, H, KVH, D, qn};
   const AttnProbs pr(T);
   const bool saved = pr.saves(H, KVH, D);
   const PE* const P = static_cast<const PE*>(AttnProbs::probs(lse, B, T, H));
@@ -426,7 +418,7 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
       if (qn) {
         qn->rows(*qn, Kn, b, H + g, 0, T, false);
         kv = View{Kn, H16, D, 1}, kt = View{Kn, H16, 1, D};
-        vv = View{sh.proj<E>(b, H + KVH + g, 0), H16, sh.R(), 1};
+        vv = View{sh.proj<E>(b, H + KVH + g, 0), H16, qn->R(), 1};
       }
       if (!saved) pack_keys_a<Kern, SL>(KA, kv, T, D, SD);
       pack_keys_a<Kern, SL>(VA, vv, T, D, SD);
@@ -505,11 +497,11 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
         if constexpr (BF)
           for (int64_t i = 0; i < T * D; ++i) dKs[i] = round_to_bf16(dKs[i]);
         qn->grads(*qn, dKs, b, H + g, 0, T, dw + D);
-        E* const dvp = static_cast<E*>(qn->dqkv) + sh.proj_at(b, H + KVH + g, 0);
+        E* const dvp = static_cast<E*>(qn->dqkv) + qn->at(b, H + KVH + g, 0);
         if constexpr (H16) {
-          store_rounded(dvp, sh.R(), dVs, D, int(T), int(D));
+          store_rounded(dvp, qn->R(), dVs, D, int(T), int(D));
         } else {
-          for (int64_t j = 0; j < T; ++j) Kern::store_nt(dvp + j * sh.R(), dVs + j * D, D, BF);
+          for (int64_t j = 0; j < T; ++j) Kern::store_nt(dvp + j * qn->R(), dVs + j * D, D, BF);
           _mm_sfence();
         }
         continue;

@@ -56,6 +56,15 @@ struct QkNorm {
   // the norm weight's gradient added into dw [D], row after row
   void (*grads)(const QkNorm&, const float* g, int64_t b, int64_t h, int64_t t0, int64_t n,
                 float* dw);
+  int64_t R() const { return (H + 2 * KVH) * D; }  // elements of a qkv row
+  // Where row t of sequence b's head h lies in qkv: h < H a query head, H + g kv head g's key,
+  // H + KVH + g its value
+  int64_t at(int64_t b, int64_t h, int64_t t) const {
+    const int64_t G = H / KVH;
+    int64_t g = h / G, i = h % G;                                // a query head
+    if (h >= H) g = (h - H) % KVH, i = h < H + KVH ? G : G + 1;  // a key, a value
+    return (b * T + t) * R() + (g * (G + 2) + i) * D;
+  }
 };
 
 // qn null: q, k, v (dq, dk, dv) as given; else they are null and qn says where the rows are.

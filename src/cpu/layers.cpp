@@ -427,13 +427,12 @@ struct QknRows {  // where rows t0.. of sequence b's head h lie (h as in QkNorm:
   const float *w, *cos, *sin;
   float* rstd;
   QknRows(const QkNorm& qn, int64_t b, int64_t h, int64_t t0) {
-    const int64_t H = qn.H, KVH = qn.KVH, G = H / KVH, D = qn.D, T = qn.T;
+    const int64_t H = qn.H, KVH = qn.KVH, T = qn.T;
     const bool key = h >= H;
-    const int64_t g = key ? h - H : h / G, i = key ? G : h % G;
-    R = (H + 2 * KVH) * D, D2 = D / 2;
-    at = (b * T + t0) * R + (g * (G + 2) + i) * D;
+    R = qn.R(), D2 = qn.D / 2;
+    at = qn.at(b, h, t0);
     rstride = key ? KVH : H;
-    rstd = (key ? qn.krstd + (b * T + t0) * KVH + g : qn.qrstd + (b * T + t0) * H + h);
+    rstd = key ? qn.krstd + (b * T + t0) * KVH + (h - H) : qn.qrstd + (b * T + t0) * H + h;
     w = key ? qn.kw : qn.qw;
     cos = qn.cos + t0 * D2, sin = qn.sin + t0 * D2;
   }

@@ -61,12 +61,12 @@ static bool attn_qkn(const Ops& o, DType dtype) {
 static std::vector<int64_t> layer_act_sizes(const Config& c, int64_t B, int64_t T, bool h16,
                                             int64_t stats, bool qkn) {
   const int64_t N = B * T;
-  const int64_t HD = qkn ? 0 : c.H * c.D, KD = qkn ? 0 : c.KVH * c.D;  // (q, k and v)
+  const int64_t HD = c.H * c.D, QD = qkn ? 0 : HD, KD = qkn ? 0 : c.KVH * c.D;  // (q; k and v)
   const auto f = [h16](int64_t n) { return floats(n, h16); };  // those stored as bf16 in h16
   // res, xn1, rstd1, qkv, v, qrstd, krstd, q, k, att, lse, mid, xn2, rstd2, ab, m
   // clang-format off
   return {N * c.C,        N * c.C,   N,         f(N * c.qkv_rows()), f(N * KD), N * c.H, N * c.KVH,
-          f(N * HD),      f(N * KD), f(N * c.H * c.D), stats,        N * c.C,   N * c.C, N,
+          f(N * QD),      f(N * KD), f(N * HD), stats,               N * c.C,   N * c.C, N,
           f(N * 2 * c.F), f(N * c.F)};
   // clang-format on
 }
