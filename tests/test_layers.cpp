@@ -501,6 +501,33 @@ TEST(Embedding, GathersAndScatterAddsRepeatedTokens) {
   EXPECT_EQ(y16, yw);
 }
 
+// Into a bf16 gradient: the bits of the model's composition (embedding_backward into a zeroed
+// fp32 table, then bf16_accumulate), with tokens repeated and unused, on one thread and on
+// several (more rows than a thread's share), the rows no token hits left as they were.
+TEST(Embedding, Bf16GradientIsTheZeroedTableAddedWithOneRounding) {
+  for (const auto& [N, C, V] :
+       {std::tuple{6, 5, 4}, std::tuple{2048, 256, 2048}, std::tuple{300, 1030, 7}}) {
+    std::vector<int32_t> tok(static_cast<size_t>(N));
+    for (int n = 0; n < N; ++n) tok[size_t(n)] = int32_t((n * 7 + n / 3) % V);
+    tok[1] = tok[2] = tok[size_t(N - 1)] = 1;  // repeats (the first case misses row 3)
+    const std::vector<float> G = to_f(randn(size_t(N * C), 21));
+    std::vector<uint16_t> start(size_t(V * C));
+    const std::vector<float> s0 = to_f(randn(size_t(V * C), 22));
+    for (size_t i = 0; i < start.size(); ++i) start[i] = f32_to_bf16(s0[i]);
+    std::vector<float> table(size_t(V * C), 0.0f);
+    cpu::embedding_backward(table.data(), G.data(), tok.data(), N, C);
+    std::vector<uint16_t> want = start;
+    cpu_ops().bf16_accumulate(want.data(), table.data(), int64_t(table.size()));
+    for (int threads : {1, 3}) {
+      omp_set_num_threads(threads);
+      std::vector<uint16_t> got = start;
+      cpu::embedding_backward_bf16(got.data(), G.data(), tok.data(), N, C);
+      ASSERT_EQ(got, want) << "N=" << N << " C=" << C << ", " << threads << " threads";
+    }
+    omp_set_num_threads(cpu::threads());
+  }
+}
+
 TEST(QkvSplit, FollowsTheFusedRowLayoutAndRoundTrips) {
   const int N = 3, H = 4, KVH = 2, D = 3, R = (H + 2 * KVH) * D;
   std::vector<float> qkv(N * R);
@@ -741,6 +768,43 @@ TEST(MatmulBf16w, StoresOutAndDxRoundedToBf16) {
       ASSERT_EQ(dx2[i], dx[i]) << "dx of the fused step, N=" << N << " at " << i;
     }
   }
+}
+
+// The weight gradient stored into bf16 (a gradient's first contribution): the bits of
+// matmul_backward_bf16w into a zeroed fp32 buffer, then bf16_accumulate into a zeroed bf16
+// gradient; dx the same. Few tokens (the skinny dx), a W2 step's, and more than one packed
+// block of slots holds (over 4096 tokens: each block of the gradient finished over the k
+// blocks); activations in fp32 and bf16 storage; 1 and 3 threads.
+TEST(MatmulBf16w, StoredGradientIsTheAccumulatedOne) {
+  if (!cpu::own_kernels()) GTEST_SKIP() << "no AVX2/AVX-512 kernels: the model accumulates itself";
+  for (const int64_t N : {32, 2048, 4500})
+    for (const bool h16 : {false, true}) {
+      const int64_t IC = N > 2048 ? 40 : 72, OC = N > 2048 ? 30 : 100;
+      std::vector<float> x = to_f(randn(size_t(N * IC), 31)), g = to_f(randn(size_t(N * OC), 32)),
+                         wf = to_f(randn(size_t(OC * IC), 33));
+      cpu::round_bf16_inplace(x.data(), int64_t(x.size()));
+      cpu::round_bf16_inplace(g.data(), int64_t(g.size()));
+      std::vector<uint16_t> w(wf.size()), x16(x.size()), g16(g.size());
+      for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(wf[i]);
+      for (size_t i = 0; i < x.size(); ++i) x16[i] = f32_to_bf16(x[i]);
+      for (size_t i = 0; i < g.size(); ++i) g16[i] = f32_to_bf16(g[i]);
+      const Act xa = h16 ? Act{x16.data(), true} : Act{x.data()},
+                ga = h16 ? Act{g16.data(), true} : Act{g.data()};
+      const size_t dxb = size_t(N * IC) * (h16 ? 2 : 4);
+      std::vector<char> dx1(dxb), dx2(dxb);
+      std::vector<float> dW(wf.size(), 0.0f);
+      std::vector<uint16_t> want(wf.size(), 0), one;
+      cpu::matmul_backward_bf16w({dx1.data(), h16}, dW.data(), ga, xa, w.data(), N, IC, OC);
+      cpu_ops().bf16_accumulate(want.data(), dW.data(), int64_t(dW.size()));
+      for (int threads : {1, 3}) {
+        omp_set_num_threads(threads);
+        std::vector<uint16_t> got(wf.size(), 0x7fc1);  // overwritten, whatever it held
+        cpu::matmul_backward_bf16g({dx2.data(), h16}, got.data(), ga, xa, w.data(), N, IC, OC);
+        ASSERT_EQ(got, want) << "N=" << N << " h16 " << h16 << ", " << threads << " threads";
+        ASSERT_EQ(dx2, dx1) << "dx, N=" << N << " h16 " << h16 << ", " << threads << " threads";
+      }
+      omp_set_num_threads(cpu::threads());
+    }
 }
 
 TEST(Bf16, RoundsToNearestEven) {

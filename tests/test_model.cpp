@@ -277,6 +277,34 @@ TEST(Qwen3, AttentionWithQkNormEqualsTheSeparateOps) {
   }
 }
 
+// bf16 gradients straight into bf16 (matrices stored by matmul_backward_bf16g, the embedding
+// added by its rows by embedding_backward_bf16) against the fp32 buffer and bf16_accumulate:
+// the same loss, gradients and fused step, bit for bit, tied and not.
+TEST(Qwen3, Bf16GradientsWithoutTheFp32BufferAreTheSame) {
+  if (!cpu_ops().matmul_backward_bf16g) GTEST_SKIP() << "no kernel set here: no bf16 products";
+  Ops via_f32 = cpu_ops();
+  via_f32.embedding_backward_bf16 = nullptr;
+  via_f32.matmul_backward_bf16g = nullptr;
+  for (bool tied : {true, false}) {
+    const Config c = tiny(tied);
+    const std::vector<float> w = tiny_params(c);
+    const Batch b = fixed_batch(2, 11, c.V);
+    Qwen3 m1(c, DType::bf16, 2, 11, cpu_ops()), m2(c, DType::bf16, 2, 11, via_f32);
+    for (Qwen3* m : {&m1, &m2}) m->set_params(w.data());
+    ASSERT_EQ(m1.forward(b), m2.forward(b));
+    m1.backward();
+    m2.backward();
+    std::vector<float> g1(w.size()), g2(w.size()), p1(w.size()), p2(w.size());
+    m1.get_grads(g1.data());
+    m2.get_grads(g2.data());
+    EXPECT_EQ(g1, g2) << "tied " << tied;
+    for (Qwen3* m : {&m1, &m2}) m->set_params(w.data()), m->forward(b), m->backward_sgd(0.5f);
+    m1.get_params(p1.data());
+    m2.get_params(p2.data());
+    EXPECT_EQ(p1, p2) << "tied " << tied << ": the fused step";
+  }
+}
+
 TEST(Qwen3, Bf16KeepsParametersAndGradientsInBf16) {
   const Config c = tiny();
   const std::vector<float> w = tiny_params(c);
@@ -305,8 +333,10 @@ Ops bare_ops() {
   Ops o = cpu_ops();
   o.name = "bare";
   o.embedding_forward_bf16 = nullptr;
+  o.embedding_backward_bf16 = nullptr;
   o.matmul_forward_bf16w = nullptr;
   o.matmul_backward_bf16w = nullptr;
+  o.matmul_backward_bf16g = nullptr;
   o.matmul_backward_sgd = nullptr;
   o.matmul_backward_sgd_bf16w = nullptr;
   o.qk_norm_rope_forward = nullptr;
@@ -322,8 +352,10 @@ Ops bare_ops() {
 Ops full_ops() {
   Ops o = cpu_ops();
   o.embedding_forward_bf16 = cpu::embedding_forward_bf16;
+  o.embedding_backward_bf16 = cpu::embedding_backward_bf16;
   o.matmul_forward_bf16w = cpu::matmul_forward_bf16w;
   o.matmul_backward_bf16w = cpu::matmul_backward_bf16w;
+  o.matmul_backward_bf16g = cpu::matmul_backward_bf16g;
   o.matmul_backward_sgd = cpu::matmul_backward_sgd;
   o.matmul_backward_sgd_bf16w = cpu::matmul_backward_sgd_bf16w;
   o.qk_norm_rope_forward = cpu::qk_norm_rope_forward;
@@ -357,10 +389,14 @@ TEST(MemoryPlan, CountsEveryArena) {
   // with activations in bf16 storage: qkv [N, 4096], q and att [N, 2048], k and v [N, 1024],
   // ab [N, 2F] and m [N, F] of each of the 8 layers, and the scratch of their gradients, take
   // half the bytes; the products take the bf16 weights and the embedding is gathered from
-  // bf16, so the weight view holds only a norm (C = 256 = 2D); a gradient may still be any
-  // parameter's (backward())
+  // bf16, so the weight view holds only a norm (C = 256 = 2D); so does the gradient buffer,
+  // the matrices' gradients stored straight into bf16 and the embedding's added there by its
+  // rows (without those two ops it holds any parameter's: via_f32)
   const size_t halved = 4096 + 2 * 2048 + 2 * 1024 + 3 * 3072;  // per token
   const MemoryPlan mh = memory_plan(dm, DType::bf16, 1, 32, full, false);
+  Ops via_f32 = full;
+  via_f32.embedding_backward_bf16 = nullptr;
+  via_f32.matmul_backward_bf16g = nullptr;
   EXPECT_EQ(mh.grads, mb.grads);
   // and attention's stats keep P in bf16 (cpu/gemm.h AttnProbs: at T = 32, per head 16 rows of
   // 32 queries and 16 of 16; and 16 floats of room to align it)
@@ -380,17 +416,19 @@ TEST(MemoryPlan, CountsEveryArena) {
             mp.activations - 8u * 32 * qkv * 4);
   EXPECT_EQ(mh.activations,
             mb.activations - 8u * 32 * (halved + qkv) * 2 - 8u * size_t(s32 - s16) * 4);
-  EXPECT_EQ(mh.scratch,
-            mp.scratch - 32u * (halved + qkv) * 2 - 32u * dqkr + (256 + 2 * 3072 * 256) * 4);
+  EXPECT_EQ(mh.scratch, mp.scratch - 32u * (halved + qkv) * 2 - 32u * dqkr + (256 + 256) * 4);
+  EXPECT_EQ(memory_plan(dm, DType::bf16, 1, 32, via_f32, false).scratch,
+            mh.scratch + (2 * 3072 * 256 - 256) * 4);
   // trained by the fused step alone: gradients of the tied embedding (V x C) and the norms
-  // (attention, feed-forward, q and k of 8 layers, the final one) only, and a gradient buffer
-  // of the embedding's size
+  // (attention, feed-forward, q and k of 8 layers, the final one) only; without the two ops a
+  // gradient buffer of the embedding's size
   const size_t unfused = 2048 * 256 + 8 * (256 + 256 + 128 + 128) + 256;
   EXPECT_EQ(memory_plan(dm, DType::f32, 1, 32, full, true).grads, unfused * 4);
   const MemoryPlan ms = memory_plan(dm, DType::bf16, 1, 32, full, true);
   EXPECT_EQ(ms.grads, unfused * 2);
-  EXPECT_EQ(ms.scratch,
-            mp.scratch - 32u * (halved + qkv) * 2 - 32u * dqkr + (256 + 2048 * 256) * 4);
+  EXPECT_EQ(ms.scratch, mh.scratch);
+  EXPECT_EQ(memory_plan(dm, DType::bf16, 1, 32, via_f32, true).scratch,
+            mh.scratch + (2048 * 256 - 256) * 4);
   // an untied head takes its step in its product too
   Config untied = dm;
   untied.tied = false;

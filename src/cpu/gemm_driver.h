@@ -402,18 +402,13 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   const bool narrow_ok = Kern::kInPlaceA && narrow_a_in_place(MR, NR * KCMAX * 4);  // (below)
   // bf16 storage cannot hold partial sums either: a sum over several k blocks is packed as one
   // block like a scaled sum, summed in Tp by sub-blocks that are the fp32 path's k blocks (in
-  // its order), and rounded into C when whole: the bits of Store::round.
+  // its order), and rounded into C when whole: the bits of Store::round. Over SCMAX slots each
+  // C block is finished over the fp32 path's k blocks, the same sums in Tp.
   const bool whole = scaled || st == Store::bf16;
   const int64_t KCB = whole && S <= SCMAX ? S : kc_for(S);
-  if (st == Store::bf16 && S > KCB) {  // (over SCMAX slots: summed aside, then stored)
-    std::vector<float> t(size_t(M * N));
-    gemm<Kern, BF>(M, N, K, A, B, t.data(), N, false, 1.0f, Store::f32);
-    store_rounded(reinterpret_cast<uint16_t*>(C), ldc, t.data(), N, int(M), int(N));
-    return;
-  }
   const int64_t panels = (int64_t(1) << 20) / KCB / NR,
                 NCB = lo(NC, (panels > 0 ? panels : 1) * NR);
-  const bool finish = scaled && S > KCB;
+  const bool finish = whole && S > KCB;
   // A long scaled sum packed as one block is still summed by sub-blocks of KCMAX slots (the
   // partial sums in Tp, as for finish), so that B sub-panels stay in L1 across their tiles.
   const bool split = whole && !finish && S > KCMAX;
@@ -528,14 +523,15 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
             return Kern::micro_bip(sn, a, static_cast<const float*>(B.p) + pc * B.ks + jc + jr,
                                    B.ks, c, ldc, mr, nr, accumulate || pc > 0, pf, np,
                                    sl == Store::round);
-        if (split && st == Store::bf16) {  // sums in Tp, rounded into C when whole
+        if ((split || finish) && st == Store::bf16) {  // sums in Tp, rounded into C when whole
           if (ainp16)
             Kern::micro_inplace(sn, a_at(ir, pc + s0), true, A.rs, b, tp, NCB, mr, nr, earlier, pf,
                                 np);
           else
             Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, earlier, 1.0f, nullptr, 0,
                                             pf, np);
-          if (s0 + sn == kc) store_rounded(reinterpret_cast<uint16_t*>(c), ldc, tp, NCB, mr, nr);
+          if (last && s0 + sn == kc)
+            store_rounded(reinterpret_cast<uint16_t*>(c), ldc, tp, NCB, mr, nr);
         } else if ((finish && !last) || s0 + sn < kc)
           Kern::template micro<SL, false>(sn, a, b, tp, NCB, mr, nr, earlier, 1.0f, nullptr, 0, pf,
                                           np);

@@ -88,6 +88,34 @@ void embedding_backward(float* dE, const float* dout, const int32_t* tokens, int
     for (int64_t c = 0; c < C; ++c) row[c] += g[c];
   }
 }
+void embedding_backward_bf16(uint16_t* dE, const float* dout, const int32_t* tokens, int64_t N,
+                             int64_t C) {
+  // the positions of each token, in order: groups of equal tokens, each summed by one thread
+  std::vector<int64_t> at(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) at[size_t(n)] = n;
+  std::stable_sort(at.begin(), at.end(),
+                   [&](int64_t a, int64_t b) { return tokens[a] < tokens[b]; });
+  std::vector<int64_t> first;  // where each group starts in `at`, then N
+  for (int64_t i = 0; i < N; ++i)
+    if (i == 0 || tokens[at[size_t(i)]] != tokens[at[size_t(i - 1)]]) first.push_back(i);
+  first.push_back(N);
+  const int64_t groups = int64_t(first.size()) - 1;
+#pragma omp parallel if (N * C > 65536)
+  {
+    std::vector<float> sum(static_cast<size_t>(C));
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < groups; ++u) {
+      std::fill(sum.begin(), sum.end(), 0.0f);
+      for (int64_t i = first[size_t(u)]; i < first[size_t(u + 1)]; ++i) {
+        const float* g = dout + at[size_t(i)] * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) sum[size_t(c)] += g[c];
+      }
+      uint16_t* row = dE + tokens[at[size_t(first[size_t(u)])]] * C;
+      for (int64_t c = 0; c < C; ++c) row[c] = f32_to_bf16(bf16_to_f32(row[c]) + sum[size_t(c)]);
+    }
+  }
+}
 
 // An activation as fp32 (from bf16 storage: widened), and stored back (bf16 storage:
 // rounded to nearest even; fp32 storage: rounded to a bf16 value where rnd).
@@ -191,6 +219,11 @@ void matmul_backward_bf16w(Act dx, float* dW, Act dout, Act x, const uint16_t* W
                            int64_t IC, int64_t OC) {
   gemm_bf16(N, IC, OC, view(dout, OC, 1), {W, true, 1, IC}, dx.p, IC, false, 1.0f, store(dx));
   gemm_bf16(OC, IC, N, view(dout, 1, OC), view(x, 1, IC), dW, IC, true);
+}
+void matmul_backward_bf16g(Act dx, uint16_t* dW, Act dout, Act x, const uint16_t* W, int64_t N,
+                           int64_t IC, int64_t OC) {
+  gemm_bf16(N, IC, OC, view(dout, OC, 1), {W, true, 1, IC}, dx.p, IC, false, 1.0f, store(dx));
+  gemm_bf16(OC, IC, N, view(dout, 1, OC), view(x, 1, IC), dW, IC, false, 1.0f, Store::bf16);
 }
 void matmul_backward_sgd_bf16w(Act dx, uint16_t* W, Act dout, Act x, int64_t N, int64_t IC,
                                int64_t OC, float lr) {

@@ -25,6 +25,10 @@ void embedding_backward(float* dE, const float* dout, const int32_t* tokens, int
 // embedding_forward from a bf16 table E [V, C]: each gathered row widened exactly
 void embedding_forward_bf16(float* out, const int32_t* tokens, const uint16_t* E, int64_t N,
                             int64_t C);
+// embedding_backward into a bf16 gradient dE [V, C]: each row a token hits takes the fp32 sum
+// of its dout rows (in token order) with one rounding; other rows are left as they are
+void embedding_backward_bf16(uint16_t* dE, const float* dout, const int32_t* tokens, int64_t N,
+                             int64_t C);
 void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C,
                      double eps);
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* rstd,
@@ -37,6 +41,9 @@ void matmul_backward(float* dx, float* dW, const float* dout, const float* x, co
 // (gemm.h)
 void matmul_forward_bf16w(Act out, Act x, const uint16_t* W, int64_t N, int64_t IC, int64_t OC);
 void matmul_backward_bf16w(Act dx, float* dW, Act dout, Act x, const uint16_t* W, int64_t N,
+                           int64_t IC, int64_t OC);
+// the same with dW a bf16 gradient, overwritten by the weight gradient rounded to bf16
+void matmul_backward_bf16g(Act dx, uint16_t* dW, Act dout, Act x, const uint16_t* W, int64_t N,
                            int64_t IC, int64_t OC);
 // matmul_backward with the SGD step of W fused into its weight-gradient product (no dW; the
 // bf16w one stores dx rounded to bf16): only where own_kernels() (gemm.h)

@@ -590,12 +590,14 @@ const Ops& device_ops() {
       embedding_forward,
       embedding_backward,
       nullptr,  // embedding_forward_bf16: the model widens the table (on the device)
+      nullptr,  // embedding_backward_bf16: into the fp32 buffer, then accumulated
       rmsnorm_forward,
       rmsnorm_backward,
       matmul_forward,
       matmul_backward,
       nullptr,  // matmul_forward_bf16w: the model widens the weight
       nullptr,
+      nullptr,  // matmul_backward_bf16g
       nullptr,  // matmul_backward_sgd: the model steps after backward
       nullptr,
       qkv_split_forward,

@@ -32,6 +32,12 @@ struct Ops {
   // Optional (null: the model widens the whole table with bf16_to_f32 first): embedding_forward
   // from a bf16 table, widening just the rows it gathers (a 0.6B table is 155M entries).
   void (*embedding_forward_bf16)(float*, const int32_t*, const uint16_t*, int64_t, int64_t);
+  // Optional (null: embedding_backward into a zeroed fp32 table, then bf16_accumulate):
+  // embedding_backward into a bf16 gradient (dE, dout, tokens, N, C), touching only the rows of
+  // the tokens: each takes the fp32 sum of its rows of dout in token order, added with one
+  // rounding -- that composition's bits (on the other rows it adds +0, which could change
+  // only a -0 entry, and gradients are never -0: sums start from +0).
+  void (*embedding_backward_bf16)(uint16_t*, const float*, const int32_t*, int64_t, int64_t);
   void (*rmsnorm_forward)(float*, float*, const float*, const float*, int64_t, int64_t, double);
   void (*rmsnorm_backward)(float*, float*, const float*, const float*, const float*, const float*,
                            int64_t, int64_t);
@@ -44,6 +50,13 @@ struct Ops {
   // the storage its Act says.
   void (*matmul_forward_bf16w)(Act, Act, const uint16_t*, int64_t, int64_t, int64_t);
   void (*matmul_backward_bf16w)(Act, float*, Act, Act, const uint16_t*, int64_t, int64_t, int64_t);
+  // Optional (null: matmul_backward_bf16w into a zeroed fp32 buffer, then bf16_accumulate):
+  // matmul_backward_bf16w whose weight gradient is stored rounded to bf16 into a bf16
+  // gradient, overwriting it: for a gradient's first contribution, with the bits of adding it
+  // into a zeroed one. bf16 runs then hold no fp32 gradient as large as a weight (a tied 0.6B
+  // table: 622 MB, zeroed and added twice a step).
+  void (*matmul_backward_bf16g)(Act, uint16_t*, Act, Act, const uint16_t*, int64_t, int64_t,
+                                int64_t);
   // Optional (null: matmul_backward + sgd_update_*): matmul_backward whose weight takes its
   // SGD step inside the weight-gradient product, for weights with one gradient contribution.
   // dx uses the weight before the step (the bf16w one stores it rounded to bf16); no gradient

@@ -49,9 +49,11 @@ const Ops& profiled(const Ops& inner) {
 #define TQ_WRAP(f) wrap<&Ops::f>(p, #f)
     TQ_WRAP(zero), TQ_WRAP(copy), TQ_WRAP(bf16_to_f32), TQ_WRAP(bf16_accumulate);
     TQ_WRAP(embedding_forward), TQ_WRAP(embedding_backward), TQ_WRAP(embedding_forward_bf16);
+    TQ_WRAP(embedding_backward_bf16);
     TQ_WRAP(rmsnorm_forward), TQ_WRAP(rmsnorm_backward);
     TQ_WRAP(matmul_forward), TQ_WRAP(matmul_backward);
     TQ_WRAP(matmul_forward_bf16w), TQ_WRAP(matmul_backward_bf16w);
+    TQ_WRAP(matmul_backward_bf16g);
     TQ_WRAP(matmul_backward_sgd), TQ_WRAP(matmul_backward_sgd_bf16w);
     TQ_WRAP(qkv_split_forward), TQ_WRAP(qkv_split_backward);
     TQ_WRAP(rope_forward), TQ_WRAP(rope_backward);

@@ -149,13 +149,17 @@ Needs needs(const Config& c, const ParamLayout& p, DType dtype, const Ops& o, bo
   if (dtype == DType::bf16) {
     // weight() widens the norms (q_norm and k_norm together), the embedding table where the
     // backend cannot gather from bf16, and the matrices where it has no bf16 products;
-    // grad() collects the gradient of any parameter, or with the fused step only of the
-    // unfused ones (embedding or tied head, norms)
+    // grad() collects the gradient of the norms, the embedding's where the backend cannot add
+    // it into bf16 itself, and the matrices' where it cannot store theirs (with the fused step
+    // only a tied head's)
     const size_t small = size_t(std::max(c.C, 2 * c.D)), table = size_t(c.V * c.C);
     const bool mats16 = o.matmul_forward_bf16w && o.matmul_backward_bf16w;
     n.wview =
         std::max({small, o.embedding_forward_bf16 ? 0 : table, mats16 ? 0 : largest_param(p)});
-    n.gview = n.compact ? std::max(small, table) : largest_param(p);
+    const size_t mats = o.matmul_backward_bf16g ? 0
+                        : n.compact             ? (p.lm_head == p.tok_emb ? table : 0)
+                                                : largest_param(p);
+    n.gview = std::max({small, o.embedding_backward_bf16 ? 0 : table, mats});
   }
   return n;
 }
@@ -301,6 +305,12 @@ void Qwen3::linear_backward(Act dx, Act dout, Act x, size_t off, int64_t IC, int
     return ops_.matmul_backward_sgd_bf16w(dx, static_cast<uint16_t*>(params_) + off, dout, x, N_,
                                           IC, OC, fuse_lr_);
   }
+  // Stored, not added: every matrix's gradient has this one contribution, and a tied head's
+  // comes before the embedding's
+  if (dtype_ == DType::bf16 && ops_.matmul_backward_bf16g)
+    return ops_.matmul_backward_bf16g(dx, static_cast<uint16_t*>(grads_) + gslot(off, IC * OC),
+                                      dout, x, static_cast<const uint16_t*>(params_) + off, N_, IC,
+                                      OC);
   if (dtype_ == DType::bf16 && ops_.matmul_backward_bf16w) {
     ops_.matmul_backward_bf16w(dx, grad(off, IC * OC), dout, x,
                                static_cast<const uint16_t*>(params_) + off, N_, IC, OC);
@@ -391,13 +401,21 @@ void Qwen3::backward_pass() {
   const Config& c = cfg_;
   const Ops& o = ops_;
   const int64_t N = N_, C = c.C, H = c.H, K = c.KVH, D = c.D, F = c.F, QKV = c.qkv_rows();
-  if (fuse_lr_ > 0)
+  if (fuse_lr_ > 0) {
+    // (a tied head stores its gradient into bf16 before the embedding adds to it: not zeroed)
+    const bool stored =
+        dtype_ == DType::bf16 && o.matmul_backward_bf16g && layout_.lm_head == layout_.tok_emb;
+    const size_t t0 = layout_.tok_emb, t1 = stored ? t0 + size_t(c.V * C) : t0;
+    const auto zero = [&](size_t a, size_t b) {
+      if (b > a)
+        o.zero(static_cast<char*>(grads_) + gslot(a, b - a) * dtype_size(dtype_),
+               (b - a) * dtype_size(dtype_));
+    };
     for (const auto& [off, n] : unfused_)
-      o.zero(static_cast<char*>(grads_) + gslot(off, n) * dtype_size(dtype_),
-             n * dtype_size(dtype_));
-  else
+      zero(off, std::min(off + n, std::max(off, t0))), zero(std::max(off, t1), off + n);
+  } else
     o.zero(grads_, layout_.total * dtype_size(dtype_));
-  // Each parameter-gradient call is bracketed by grad(off, n) ... grad_done(off, n).
+  // Each gradient collected in fp32 is bracketed by grad(off, n) ... grad_done(off, n).
   // logits -> dlogits in place
   o.crossentropy_backward(logits_, logits_, lse_ce_, targets_, N, c.V, 1.0 / N);
   rb(logits_, N * c.V);
@@ -462,8 +480,13 @@ void Qwen3::backward_pass() {
     o.add_inplace(dres_, rb(dtmp_, N * C), N * C);  // dres is now d(res of layer l)
     rb(dres_, N * C);
   }
-  o.embedding_backward(grad(layout_.tok_emb, c.V * C), dres_, tokens_, N, C);
-  grad_done(layout_.tok_emb, c.V * C);
+  if (dtype_ == DType::bf16 && o.embedding_backward_bf16) {
+    o.embedding_backward_bf16(static_cast<uint16_t*>(grads_) + gslot(layout_.tok_emb, c.V * C),
+                              dres_, tokens_, N, C);
+  } else {
+    o.embedding_backward(grad(layout_.tok_emb, c.V * C), dres_, tokens_, N, C);
+    grad_done(layout_.tok_emb, c.V * C);
+  }
 }
 
 void Qwen3::sgd_update(float lr) {

@@ -75,7 +75,8 @@ class Qwen3 {
   // A layer's view of parameter `off` (n elements) as fp32, and where it adds its gradient.
   // fp32: the arenas themselves. bf16: wbuf_ holds the widened weight and gbuf_ collects
   // the gradient, which grad_done folds into the bf16 grads (bf16(g + dg), as PyTorch sums
-  // a bf16 parameter's gradient contributions).
+  // a bf16 parameter's gradient contributions). Where the backend can, bf16 runs write the
+  // matrices' and the embedding's gradients into the bf16 grads themselves, with those bits.
   const float* weight(size_t off, int64_t n);
   float* grad(size_t off, int64_t n);
   void grad_done(size_t off, int64_t n);
