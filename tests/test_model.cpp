@@ -267,9 +267,9 @@ TEST(Qwen3, AttentionWithQkNormEqualsTheSeparateOps) {
     for (const auto& l : lay.layers) {  // q_norm and k_norm, adjacent
       const auto at = g1.begin() + std::ptrdiff_t(l.q_norm),
                  at2 = g2.begin() + std::ptrdiff_t(l.q_norm);
-      EXPECT_LT(
-          test::rel_l2(std::vector<float>(at, at + 2 * c.D), std::vector<float>(at2, at2 + 2 * c.D)),
-          dt == DType::f32 ? 1e-6 : 1e-2)
+      EXPECT_LT(test::rel_l2(std::vector<float>(at, at + 2 * c.D),
+                             std::vector<float>(at2, at2 + 2 * c.D)),
+                dt == DType::f32 ? 1e-6 : 1e-2)
           << dtype_name(dt);
       std::copy(at, at + 2 * c.D, at2);
     }

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages tiny-qwen3 needs. `deps.sh` for building and training,
-# `deps.sh --test` adds the test tools (GoogleTest, Debian's PyTorch for the parity tests),
+# `deps.sh --test` adds the test tools (GoogleTest, Debian's PyTorch for the parity tests,
+# clang-format),
 # `deps.sh --bench` those and what the benchmarks use (bc, BLIS for PyTorch).
 set -euo pipefail
 pkgs=(g++ cmake make libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev zlib1g-dev)
 case "${1:-}" in
-  --test) pkgs+=(libgtest-dev python3-torch) ;;
+  --test) pkgs+=(libgtest-dev python3-torch clang-format) ;;
   --bench) pkgs+=(libgtest-dev python3-torch bc time libblis4-openmp) ;;
 esac
 missing=()

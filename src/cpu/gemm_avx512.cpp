@@ -242,8 +242,10 @@ void pack_panels(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t 
     for (int64_t r = 0; r < n; r += R) {
       if (chunked) {  // the chunk 4 ahead into L2, the next one into L1 (spread: a panel's share)
         const int64_t p = r / R;
+        // clang-format off
         const int64_t b0 = spread ? p * lines / np * 64 : 0,
                       b1 = spread ? (p + 1) * lines / np * 64 : r == 0 ? lines * 64 : 0;
+        // clang-format on
         for (int64_t k = k4; k < e4; ++k)
           for (int64_t b = b0; b < b1; b += 64) _mm_prefetch(src + k * v.ks * es + b, _MM_HINT_T1);
         for (int64_t k = k1; k < e1; ++k)

@@ -10,9 +10,9 @@ namespace tq {
 
 struct CudaDevice {
   int id;
-  std::string name;              // "NVIDIA H200"
-  int sm;                        // 90 for sm_90
-  size_t total, free;            // bytes of device memory
+  std::string name;               // "NVIDIA H200"
+  int sm;                         // 90 for sm_90
+  size_t total, free;             // bytes of device memory
   std::string describe() const {  // "CUDA(id=0, NVIDIA H200, sm_90, 139 GiB)"
     return "CUDA(id=" + std::to_string(id) + ", " + name + ", sm_" + std::to_string(sm) + ", " +
            std::to_string((total + (size_t(1) << 29)) >> 30) + " GiB)";

@@ -41,8 +41,7 @@ const CudaPlugin& plugin() {
     const CudaPlugin* p = entry();
     if (p->version != kCudaPluginVersion)
       throw Error(path + " is from another build (plugin version " + std::to_string(p->version) +
-                  ", this binary wants " + std::to_string(kCudaPluginVersion) +
-                  "): rebuild both");
+                  ", this binary wants " + std::to_string(kCudaPluginVersion) + "): rebuild both");
     return *(loaded = p);
   }
   if (paths.size() == 1) throw Error("TQ_CUDA_LIB=" + paths[0] + ": no such file");
