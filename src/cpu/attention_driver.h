@@ -414,11 +414,13 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
       next = claim.fetch_add(1);
       const int64_t b = t / KVH, g = t % KVH;
       int64_t blk = 0;
-      View kv = sh.kv(k, b, g), kt = sh.kv_t(k, b, g), vv = sh.kv(v, b, g);
+      View kv, kt, vv;  // K by keys and by dims, V by keys
       if (qn) {
         qn->rows(*qn, Kn, b, H + g, 0, T, false);
         kv = View{Kn, H16, D, 1}, kt = View{Kn, H16, 1, D};
         vv = View{sh.proj<E>(b, H + KVH + g, 0), H16, qn->R(), 1};
+      } else {
+        kv = sh.kv(k, b, g), kt = sh.kv_t(k, b, g), vv = sh.kv(v, b, g);
       }
       if (!saved) pack_keys_a<Kern, SL>(KA, kv, T, D, SD);
       pack_keys_a<Kern, SL>(VA, vv, T, D, SD);
@@ -493,29 +495,22 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
       // dK and dV are whole: stored (the bf16 kind rounded) past the caches, being read only
       // after the whole backward (layer backward -1.4 % at W2 fp32, layers alternating); in
       // bf16 storage as they are
+      const auto store_rows = [&](E* dst, int64_t ld, const float* src) {  // [T][D] into dst
+        if constexpr (H16) {
+          store_rounded(dst, ld, src, D, int(T), int(D));
+        } else {
+          for (int64_t j = 0; j < T; ++j) Kern::store_nt(dst + j * ld, src + j * D, D, BF);
+          _mm_sfence();
+        }
+      };
       if (qn) {  // dK as dk would hold it, turned back; dV into dqkv's value rows
         if constexpr (BF)
           for (int64_t i = 0; i < T * D; ++i) dKs[i] = round_to_bf16(dKs[i]);
         qn->grads(*qn, dKs, b, H + g, 0, T, dw + D);
-        E* const dvp = static_cast<E*>(qn->dqkv) + qn->at(b, H + KVH + g, 0);
-        if constexpr (H16) {
-          store_rounded(dvp, qn->R(), dVs, D, int(T), int(D));
-        } else {
-          for (int64_t j = 0; j < T; ++j) Kern::store_nt(dvp + j * qn->R(), dVs + j * D, D, BF);
-          _mm_sfence();
-        }
-        continue;
-      }
-      E *dkg = dk + (b * T * KVH + g) * D, *dvg = dv + (b * T * KVH + g) * D;
-      if constexpr (H16) {
-        store_rounded(dkg, ldk, dKs, D, int(T), int(D));
-        store_rounded(dvg, ldk, dVs, D, int(T), int(D));
+        store_rows(static_cast<E*>(qn->dqkv) + qn->at(b, H + KVH + g, 0), qn->R(), dVs);
       } else {
-        for (int64_t j = 0; j < T; ++j) {
-          Kern::store_nt(dkg + j * ldk, dKs + j * D, D, BF);
-          Kern::store_nt(dvg + j * ldk, dVs + j * D, D, BF);
-        }
-        _mm_sfence();
+        store_rows(dk + (b * T * KVH + g) * D, ldk, dKs);
+        store_rows(dv + (b * T * KVH + g) * D, ldk, dVs);
       }
     }
   }
