@@ -4,6 +4,7 @@
 #include "cpu/gemm.h"
 #include "cpu/layers.h"
 #include "model/init.h"
+#include "model/profile.h"
 #include "model/qwen3.h"
 #include "ref/model.h"
 #include "testing.h"
@@ -135,6 +136,30 @@ TEST(Qwen3, SgdStepLowersTheLossAndIsDeterministic) {
 
 // backward_sgd (the step fused into the weight-gradient products where the backend can) is
 // backward + sgd_update: bit for bit while one k block sums all tokens, to rounding beyond.
+// `train --profile`'s work columns: a step's counted arithmetic is the model's (6 flops a
+// matrix entry a token; attention 12 D a query-key pair the mask lets through, a head and a
+// layer), and every kernel that ran counts its traffic.
+TEST(Profile, CountsAStepsArithmeticAndEveryKernelsTraffic) {
+  for (DType dt : {DType::f32, DType::bf16})
+    for (bool tied : {true, false}) {
+      const Config c = tiny(tied);
+      const int64_t B = 2, T = 13, N = B * T;
+      Qwen3 m(c, dt, B, T, profiled(cpu_ops()));
+      m.set_params(tiny_params(c).data());
+      reset_kernel_times();
+      m.forward(fixed_batch(B, T, c.V));
+      m.backward_sgd(0.1f);
+      double products = 0, attention = 0;
+      for (const KernelTime& k : kernel_times()) {
+        EXPECT_GT(k.bytes, 0) << k.name;
+        (k.name.rfind("attention", 0) == 0 ? attention : products) += k.flops;
+      }
+      const double layer = double(c.qkv_rows() * c.C + c.H * c.D * c.C + 3 * c.C * c.F);
+      EXPECT_DOUBLE_EQ(products, 6.0 * double(N) * (double(c.L) * layer + double(c.C * c.V)));
+      EXPECT_DOUBLE_EQ(attention, 12.0 * double(c.L * B * c.H * c.D) * double(T * (T + 1) / 2));
+    }
+}
+
 TEST(Qwen3, FusedSgdStepEqualsBackwardThenSgd) {
   for (DType dt : {DType::f32, DType::bf16})
     for (bool tied : {true, false})

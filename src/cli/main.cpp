@@ -176,20 +176,36 @@ void dump_first_step(const std::string& path, const Config& c, const std::vector
   w.save(path, *root);
 }
 
-// Kernel times per step over steps 2.., against the mean step time.
+// Kernel times per step over steps 2.., against the mean step time, with each kernel's work
+// (model/profile.h: arithmetic, the least memory traffic) and the rate it ran at.
 void print_profile(const std::vector<double>& ms, const std::vector<KernelTime>& kernels) {
   const double steps = double(ms.size() - 1);
-  double step = 0, in_kernels = 0;
+  double step = 0, in_kernels = 0, flops = 0, flop_s = 0;
   for (size_t i = 1; i < ms.size(); ++i) step += ms[i] / steps;
-  std::printf("profile: mean step %.2f ms over steps 2-%zu\n", step, ms.size());
+  std::printf("profile: mean step %.2f ms over steps 2-%zu (a step's work, and its rate)\n", step,
+              ms.size());
   for (const KernelTime& k : kernels) {
     const double t = k.seconds * 1e3 / steps;
     in_kernels += t;
-    std::printf("  %-26s %9.2f ms %5.1f%% %6.0f calls\n", k.name.c_str(), t, 100 * t / step,
+    std::printf("  %-26s %9.2f ms %5.1f%% %6.0f calls", k.name.c_str(), t, 100 * t / step,
                 double(k.calls) / steps);
+    if (k.flops > 0) {
+      flops += k.flops / steps, flop_s += k.seconds / steps;
+      std::printf(" %7.2f GFLOP %6.1f GFLOP/s", k.flops / steps * 1e-9, k.flops / k.seconds * 1e-9);
+    } else if (k.bytes > 0) {
+      std::printf("%29s", "");
+    }
+    if (k.bytes > 0)
+      std::printf(" %8.1f MB %6.1f GB/s", k.bytes / steps * 1e-6, k.bytes / k.seconds * 1e-9);
+    std::printf("\n");
   }
   std::printf("  %-26s %9.2f ms %5.1f%%\n", "(outside kernels)", step - in_kernels,
               100 * (step - in_kernels) / step);
+  if (flops > 0)  // attention by the causal count, as bench/cpu_vs_torch.sh's %peak(c)
+    std::printf(
+        "  products and attention: %.1f GFLOP a step, %.1f GFLOP/s in them, %.1f over "
+        "the step\n",
+        flops * 1e-9, flops / flop_s * 1e-9, flops / step * 1e-6);
 }
 
 int train(TrainArgs a) {
