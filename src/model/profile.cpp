@@ -23,10 +23,8 @@ struct Wrap<M> {
   static inline size_t index = 0;
   static inline CostOf cost = nullptr;
   static R call(A... a) {
-    if (cost) {
-      const Cost c = cost(a...);
-      g_times[index].flops += c.flops, g_times[index].bytes += c.bytes;
-    }
+    const Cost c = cost(a...);
+    g_times[index].flops += c.flops, g_times[index].bytes += c.bytes;
     g_inner->sync();  // a device backend's kernels run asynchronously: time them whole
     const auto t0 = std::chrono::steady_clock::now();
     struct Done {  // also when R is void
@@ -43,7 +41,7 @@ struct Wrap<M> {
 };
 
 template <auto M>
-void wrap(Ops& o, const char* name, typename Wrap<M>::CostOf cost = nullptr) {
+void wrap(Ops& o, const char* name, typename Wrap<M>::CostOf cost) {
   if (!(g_inner->*M)) return;  // optional kernel the backend lacks stays null
   Wrap<M>::index = g_times.size();
   Wrap<M>::cost = cost;
@@ -82,7 +80,7 @@ const Ops& profiled(const Ops& inner) {
     g_inner = &inner;
     Ops p = inner;
     p.name = inner.name + "+profile";
-#define TQ_WRAP(f, ...) wrap<&Ops::f>(p, #f __VA_OPT__(, ) __VA_ARGS__)
+#define TQ_WRAP(f, ...) wrap<&Ops::f>(p, #f, __VA_ARGS__)  // (the cost lambda has commas)
     TQ_WRAP(zero, [](void*, size_t n) { return bytes(double(n)); });
     TQ_WRAP(copy, [](Pf, CPf, I64 n) { return bytes(8.0 * n); });
     TQ_WRAP(bf16_to_f32, [](Pf, CPh, I64 n) { return bytes(6.0 * n); });
