@@ -134,8 +134,6 @@ TEST(Qwen3, SgdStepLowersTheLossAndIsDeterministic) {
   EXPECT_LT(runs[0].back(), runs[0].front());
 }
 
-// backward_sgd (the step fused into the weight-gradient products where the backend can) is
-// backward + sgd_update: bit for bit while one k block sums all tokens, to rounding beyond.
 // `train --profile`'s work columns: a step's counted arithmetic is the model's (6 flops a
 // matrix entry a token; attention 12 D a query-key pair the mask lets through, a head and a
 // layer), and every kernel that ran counts its traffic.
@@ -160,6 +158,8 @@ TEST(Profile, CountsAStepsArithmeticAndEveryKernelsTraffic) {
     }
 }
 
+// backward_sgd (the step fused into the weight-gradient products where the backend can) is
+// backward + sgd_update: bit for bit while one k block sums all tokens, to rounding beyond.
 TEST(Qwen3, FusedSgdStepEqualsBackwardThenSgd) {
   for (DType dt : {DType::f32, DType::bf16})
     for (bool tied : {true, false})

@@ -180,7 +180,7 @@ void dump_first_step(const std::string& path, const Config& c, const std::vector
 // (model/profile.h: arithmetic, the least memory traffic) and the rate it ran at.
 void print_profile(const std::vector<double>& ms, const std::vector<KernelTime>& kernels) {
   const double steps = double(ms.size() - 1);
-  double step = 0, in_kernels = 0, flops = 0, flop_s = 0;
+  double step = 0, in_kernels = 0, flops = 0, flop_secs = 0;
   for (size_t i = 1; i < ms.size(); ++i) step += ms[i] / steps;
   std::printf("profile: mean step %.2f ms over steps 2-%zu (a step's work, and its rate)\n", step,
               ms.size());
@@ -190,7 +190,7 @@ void print_profile(const std::vector<double>& ms, const std::vector<KernelTime>&
     std::printf("  %-26s %9.2f ms %5.1f%% %6.0f calls", k.name.c_str(), t, 100 * t / step,
                 double(k.calls) / steps);
     if (k.flops > 0) {
-      flops += k.flops / steps, flop_s += k.seconds / steps;
+      flops += k.flops / steps, flop_secs += k.seconds / steps;
       std::printf(" %7.2f GFLOP %6.1f GFLOP/s", k.flops / steps * 1e-9, k.flops / k.seconds * 1e-9);
     } else if (k.bytes > 0) {
       std::printf("%29s", "");
@@ -205,7 +205,7 @@ void print_profile(const std::vector<double>& ms, const std::vector<KernelTime>&
     std::printf(
         "  products and attention: %.1f GFLOP a step, %.1f GFLOP/s in them, %.1f over "
         "the step\n",
-        flops * 1e-9, flops / flop_s * 1e-9, flops / step * 1e-6);
+        flops * 1e-9, flops / flop_secs * 1e-9, flops / step * 1e-6);
 }
 
 int train(TrainArgs a) {

@@ -10,9 +10,9 @@
 namespace tq {
 
 // flops and bytes: what the calls must do at least, summed: the products' and attention's
-// arithmetic (attention by the causal count: the query-key pairs the mask lets through), and
-// every kernel's memory traffic with each operand read and each result written once (zero
-// where not counted). Against the machine's peak and copy rate they are a kernel's floor.
+// arithmetic (attention by the causal count: the query-key pairs the mask lets through; zero
+// for the other kernels), and every kernel's memory traffic with each operand read and each
+// result written once. Against the machine's peak and copy rate they are a kernel's floor.
 struct KernelTime {
   std::string name;
   double seconds;
