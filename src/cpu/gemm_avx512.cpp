@@ -186,10 +186,11 @@ void pack_rcontig(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t
       __m512i w;
       if (BF && v.bf16) {  // the two k rows' bf16 side by side, interleaved: no widening
         const int64_t k = 2 * (s0 + s);
-        const uint16_t* p = static_cast<const uint16_t*>(v.p) + i + k * v.ks;
-        const __m256i a = k < K ? _mm256_maskz_loadu_epi16(m, p) : _mm256_setzero_si256();
+        const uint16_t* p = static_cast<const uint16_t*>(v.p) + i;
+        const __m256i a =
+            k < K ? _mm256_maskz_loadu_epi16(m, p + k * v.ks) : _mm256_setzero_si256();
         const __m256i b =
-            k + 1 < K ? _mm256_maskz_loadu_epi16(m, p + v.ks) : _mm256_setzero_si256();
+            k + 1 < K ? _mm256_maskz_loadu_epi16(m, p + (k + 1) * v.ks) : _mm256_setzero_si256();
         w = _mm512_permutexvar_epi16(pairs, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
       } else if (BF) {
         const int64_t k = 2 * (s0 + s);
