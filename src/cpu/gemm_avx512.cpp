@@ -328,10 +328,19 @@ alignas(64) constexpr uint16_t sgd_halves[32] = {1,  3,  5,  7,  9,  11, 13, 15,
 // are read, then dropped).
 enum class ASrc { packed, rows, cols };
 
+// Pairs of two bf16 rows x0, x1 (32 each) for vpermt2w: columns 0-15, then 16-31, each as
+// (x0[c], x1[c]) words
+alignas(64) constexpr uint16_t bip_pairs[64] = {
+    0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+    11, 43, 12, 44, 13, 45, 14, 46, 15, 47, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53,
+    22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+
 // The micro-kernel of gemm_driver.h; SGD16: C is a bf16 weight taking the step above.
 // BIP: B in place instead of packed, slot s at B + s * ldb (fp32 rows of a matrix: masked to
-// nr columns at its edge). RT: the rows it sums (mr <= RT), MR or, for a tile of at most 8
-// rows, 8 (W1's 32 tokens are tiles of 12, 12 and 8 rows in dx = dout W: -11 % FMAs there).
+// nr columns at its edge); with BF, bf16 rows, slot s the rows 2s and 2s + 1 at B + 2 s ldb,
+// interleaved into pairs here (W1's dx = dout W of bf16 weights: no pack of W). RT: the rows
+// it sums (mr <= RT), MR or, for a tile of at most 8 rows, 8 (W1's 32 tokens are tiles of 12,
+// 12 and 8 rows in dx = dout W: -11 % FMAs there).
 template <bool BF, bool SGD16 = false, ASrc AS = ASrc::packed, bool BIP = false, int RT = MR>
 void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B, float* C,
            int64_t ldc, int mr, int nr, bool acc, float alpha, const float* init = nullptr,
@@ -359,9 +368,22 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
     }
   }
   const bool edge = nr < NR;
+  // BF with BIP: slot s is k rows 2s and 2s + 1 of bf16 B, interleaved into pairs here
+  const __mmask32 m32 = nr >= 32 ? ~__mmask32(0) : (__mmask32(1) << nr) - 1;
+  __m512i lo16, hi16;
+  if constexpr (BF && BIP)
+    lo16 = _mm512_load_si512(bip_pairs), hi16 = _mm512_load_si512(bip_pairs + 32);
   for (int64_t s = 0; s < S; ++s) {
     __m512 b0, b1;
-    if constexpr (BIP) {
+    if constexpr (BF && BIP) {
+      const uint16_t* bs = reinterpret_cast<const uint16_t*>(B) + 2 * s * ldb;
+      const __m512i x0 = _mm512_maskz_loadu_epi16(m32, bs),
+                    x1 = _mm512_maskz_loadu_epi16(m32, bs + ldb);
+      b0 = _mm512_castsi512_ps(_mm512_permutex2var_epi16(x0, lo16, x1));
+      b1 = _mm512_castsi512_ps(_mm512_permutex2var_epi16(x0, hi16, x1));
+      _mm_prefetch(reinterpret_cast<const char*>(bs + 16 * ldb), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(bs + 17 * ldb), _MM_HINT_T0);
+    } else if constexpr (BIP) {
       const uint32_t* bs = B + s * ldb;
       b0 = edge ? _mm512_maskz_loadu_ps(m0, bs) : _mm512_loadu_ps(bs);
       b1 = edge ? _mm512_maskz_loadu_ps(m1, bs + 16) : _mm512_loadu_ps(bs + 16);
@@ -499,6 +521,17 @@ struct Kern {
                                                              nullptr, 0, pf, npf, 0, st, ldb);
     cpu::micro<false, false, ASrc::packed, true>(S, A, b, C, ldc, mr, nr, acc, 1.0f, nullptr, 0, pf,
                                                  npf, 0, st, ldb);
+  }
+  // the bf16 kind's, from bf16 rows: slot s is k rows 2s, 2s + 1 at B + 2 s ldb (an even K)
+  static void micro_bip16(int64_t S, const uint32_t* A, const uint16_t* B, int64_t ldb, float* C,
+                          int64_t ldc, int mr, int nr, bool acc, const char* const* pf, int npf,
+                          Store st) {
+    const auto b = reinterpret_cast<const uint32_t*>(B);
+    if (mr <= 8)
+      return cpu::micro<true, false, ASrc::packed, true, 8>(S, A, b, C, ldc, mr, nr, acc, 1.0f,
+                                                            nullptr, 0, pf, npf, 0, st, ldb);
+    cpu::micro<true, false, ASrc::packed, true>(S, A, b, C, ldc, mr, nr, acc, 1.0f, nullptr, 0, pf,
+                                                npf, 0, st, ldb);
   }
   // dst[0..n) = src (rnd: rounded to bf16), the 64-byte lines past the caches: results written
   // once, a few lines each far apart, and read only by a later kernel (attention's dK, dV),

@@ -33,6 +33,7 @@
 //                          micro_cols with its optional arguments)
 //   kInPlaceB              true if it also has, with B's fp32 rows read in place:
 //     micro_bip(S, A, B, ldb, C, ldc, mr, nr, acc, pf, npf, rnd)
+//     micro_bip16(S, A, B, ldb, C, ldc, mr, nr, acc, pf, npf, st)   (bf16 rows, pairs of them)
 #pragma once
 #include <omp.h>
 #include <xmmintrin.h>
@@ -399,6 +400,10 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   // A scaled sum up to SCMAX slots (the fused SGD over 2048 tokens) is one k block: measured
   // faster than finishing C blocks over several; NC shrinks to keep packed B within 4 MiB.
   const bool scaled = alpha != 1.0f || SGD16;
+  // The bf16 kind's B with its bf16 rows contiguous (dx = dout W of bf16 weights), K even: with
+  // one block of rows (W1) read where it lies, the kernel pairing two k rows a slot (below).
+  const bool bip16 =
+      Kern::kInPlaceB && SL != Slot::f32 && B.rs == 1 && B.bf16 && K % 2 == 0 && !scaled;
   const bool narrow_ok = Kern::kInPlaceA && narrow_a_in_place(MR, NR * KCMAX * 4);  // (below)
   // bf16 storage cannot hold partial sums either: a sum over several k blocks is packed as one
   // block like a scaled sum, summed in Tp by sub-blocks that are the fp32 path's k blocks (in
@@ -453,10 +458,11 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       // Short sums over many rows (the SGD step over 32 tokens): the traffic is C, read
       // and written once; tiles along its rows keep that to MR streams from DRAM.
       const bool by_rows = !stream && kc <= 64;
-      // One block of rows (dx = dout W at 32 tokens) and B's fp32 rows contiguous: the
-      // kernel reads B's panels where they lie, no copy (the kernel set permitting).
-      const bool bip =
-          Kern::kInPlaceB && stream && SL == Slot::f32 && B.rs == 1 && !B.bf16 && !scaled;
+      // One block of rows (dx = dout W at 32 tokens) and B's fp32 rows contiguous (or bf16
+      // ones, bip16, where the sum is stored whole): the kernel reads B's panels where they
+      // lie, no copy (the kernel set permitting).
+      const bool bip = Kern::kInPlaceB && stream && B.rs == 1 && !scaled &&
+                       (SL == Slot::f32 ? !B.bf16 : bip16 && !split && !finish);
       // A by sub-blocks of `sub` slots, each contiguous: [s0][ir][slot][MR] (one sub-block
       // of kc slots unless split).
       const int64_t sub = !split ? kc : scaled ? KCMAX : kc_for(kc);
@@ -519,10 +525,16 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           return Kern::micro_inplace(sn, a_at(ir, pc), false, A.rs, b, c, ldc, mr, nr,
                                      accumulate || pc > 0, pf, np);
         if constexpr (Kern::kInPlaceB)
-          if (bip)  // (one k block per tile store: not scaled)
-            return Kern::micro_bip(sn, a, static_cast<const float*>(B.p) + pc * B.ks + jc + jr,
-                                   B.ks, c, ldc, mr, nr, accumulate || pc > 0, pf, np,
-                                   sl == Store::round);
+          if (bip) {  // (one k block per tile store: not scaled)
+            if constexpr (SL == Slot::f32)
+              return Kern::micro_bip(sn, a, static_cast<const float*>(B.p) + pc * B.ks + jc + jr,
+                                     B.ks, c, ldc, mr, nr, accumulate || pc > 0, pf, np,
+                                     sl == Store::round);
+            else
+              return Kern::micro_bip16(sn, a,
+                                       static_cast<const uint16_t*>(B.p) + 2 * pc * B.ks + jc + jr,
+                                       B.ks, c, ldc, mr, nr, accumulate || pc > 0, pf, np, sl);
+          }
         if ((split || finish) && st == Store::bf16) {  // sums in Tp, rounded into C when whole
           if (ainp16)
             Kern::micro_inplace(sn, a_at(ir, pc + s0), true, A.rs, b, tp, NCB, mr, nr, earlier, pf,
@@ -621,8 +633,11 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
     // meanwhile. Not for bf16 slots from B's rows contiguous (dx = dout W of bf16 runs at
     // W1's 32 tokens): a panel is then 64 bytes of each of W's k rows, 0.5-6 KiB apart, and
     // packing it waited on them in turn (twice as long as with W in cache). Such a block is
-    // packed first by pack_panels, each k row read whole: W1 bf16 dx -20 to -24 %.
-    const bool stream = m1 - m0 <= MC && (SL == Slot::f32 || B.rs != 1);
+    // packed first by pack_panels, each k row read whole (W1 bf16 dx -20 to -24 %), or, where
+    // the kernel set can and K is even (bip16), not packed at all: the kernel reads each slot's
+    // two k rows of W and interleaves them (W1 bf16 backward products -8 to -10 %, the step -3
+    // to -4.5 %, the same bits).
+    const bool stream = m1 - m0 <= MC && (SL == Slot::f32 || B.rs != 1 || bip16);
     // fp32 split sums over at most two blocks of rows (the SGD products of wo and w2: 256
     // rows, B the 16-24 MiB x): the first block packs B as it goes. W2 fp32 wo, w2 SGD
     // products -5 to -9 %; no gain measured where more blocks of rows share the packed B
