@@ -400,10 +400,6 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   // A scaled sum up to SCMAX slots (the fused SGD over 2048 tokens) is one k block: measured
   // faster than finishing C blocks over several; NC shrinks to keep packed B within 4 MiB.
   const bool scaled = alpha != 1.0f || SGD16;
-  // The bf16 kind's B with its bf16 rows contiguous (dx = dout W of bf16 weights), K even: with
-  // one block of rows (W1) read where it lies, the kernel pairing two k rows a slot (below).
-  const bool bip16 =
-      Kern::kInPlaceB && SL != Slot::f32 && B.rs == 1 && B.bf16 && K % 2 == 0 && !scaled;
   const bool narrow_ok = Kern::kInPlaceA && narrow_a_in_place(MR, NR * KCMAX * 4);  // (below)
   // bf16 storage cannot hold partial sums either: a sum over several k blocks is packed as one
   // block like a scaled sum, summed in Tp by sub-blocks that are the fp32 path's k blocks (in
@@ -417,6 +413,11 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   // A long scaled sum packed as one block is still summed by sub-blocks of KCMAX slots (the
   // partial sums in Tp, as for finish), so that B sub-panels stay in L1 across their tiles.
   const bool split = whole && !finish && S > KCMAX;
+  // The bf16 kind's B with its bf16 rows contiguous (dx = dout W of bf16 weights), K even, each
+  // tile's sum stored whole: with one block of rows (W1) read where it lies, the kernel pairing
+  // two k rows a slot (below).
+  const bool bip16 = Kern::kInPlaceB && SL != Slot::f32 && B.rs == 1 && B.bf16 && K % 2 == 0 &&
+                     !scaled && !split && !finish;
   const int64_t per_thread = (MC + NCB) * KCB + (finish || split ? MC * NCB : 0);
   uint32_t* ws = workspace(per_thread * nthreads);
   // Each thread owns a band of C (columns, or rows when there are more rows) and runs the
@@ -459,10 +460,10 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       // and written once; tiles along its rows keep that to MR streams from DRAM.
       const bool by_rows = !stream && kc <= 64;
       // One block of rows (dx = dout W at 32 tokens) and B's fp32 rows contiguous (or bf16
-      // ones, bip16, where the sum is stored whole): the kernel reads B's panels where they
-      // lie, no copy (the kernel set permitting).
-      const bool bip = Kern::kInPlaceB && stream && B.rs == 1 && !scaled &&
-                       (SL == Slot::f32 ? !B.bf16 : bip16 && !split && !finish);
+      // ones: bip16): the kernel reads B's panels where they lie, no copy (the kernel set
+      // permitting).
+      const bool bip =
+          Kern::kInPlaceB && stream && B.rs == 1 && !scaled && (SL == Slot::f32 ? !B.bf16 : bip16);
       // A by sub-blocks of `sub` slots, each contiguous: [s0][ir][slot][MR] (one sub-block
       // of kc slots unless split).
       const int64_t sub = !split ? kc : scaled ? KCMAX : kc_for(kc);
