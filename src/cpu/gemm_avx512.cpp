@@ -509,29 +509,19 @@ struct Kern {
       cpu::micro<false, false, ASrc::rows>(S, a, B, C, ldc, mr, nr, acc, 1.0f, nullptr, 0, pf, npf,
                                            lda);
   }
-  // B in place (kInPlaceB): fp32 rows of the matrix, slot s at B + s * ldb, masked to nr columns
+  // B in place (kInPlaceB), masked to nr columns: fp32 rows of the matrix, slot s at
+  // B + s * ldb, or (BF) bf16 rows, slot s the rows 2s and 2s + 1 at B + 2 s ldb (an even K)
   static constexpr bool kInPlaceB = true;
-  static void micro_bip(int64_t S, const uint32_t* A, const float* B, int64_t ldb, float* C,
+  template <bool BF>
+  static void micro_bip(int64_t S, const uint32_t* A, const void* B, int64_t ldb, float* C,
                         int64_t ldc, int mr, int nr, bool acc, const char* const* pf, int npf,
-                        bool rnd) {
-    const auto b = reinterpret_cast<const uint32_t*>(B);
-    const Store st = rnd ? Store::round : Store::f32;
+                        Store st) {
+    const auto b = static_cast<const uint32_t*>(B);
     if (mr <= 8)
-      return cpu::micro<false, false, ASrc::packed, true, 8>(S, A, b, C, ldc, mr, nr, acc, 1.0f,
-                                                             nullptr, 0, pf, npf, 0, st, ldb);
-    cpu::micro<false, false, ASrc::packed, true>(S, A, b, C, ldc, mr, nr, acc, 1.0f, nullptr, 0, pf,
-                                                 npf, 0, st, ldb);
-  }
-  // the bf16 kind's, from bf16 rows: slot s is k rows 2s, 2s + 1 at B + 2 s ldb (an even K)
-  static void micro_bip16(int64_t S, const uint32_t* A, const uint16_t* B, int64_t ldb, float* C,
-                          int64_t ldc, int mr, int nr, bool acc, const char* const* pf, int npf,
-                          Store st) {
-    const auto b = reinterpret_cast<const uint32_t*>(B);
-    if (mr <= 8)
-      return cpu::micro<true, false, ASrc::packed, true, 8>(S, A, b, C, ldc, mr, nr, acc, 1.0f,
-                                                            nullptr, 0, pf, npf, 0, st, ldb);
-    cpu::micro<true, false, ASrc::packed, true>(S, A, b, C, ldc, mr, nr, acc, 1.0f, nullptr, 0, pf,
-                                                npf, 0, st, ldb);
+      return cpu::micro<BF, false, ASrc::packed, true, 8>(S, A, b, C, ldc, mr, nr, acc, 1.0f,
+                                                          nullptr, 0, pf, npf, 0, st, ldb);
+    cpu::micro<BF, false, ASrc::packed, true>(S, A, b, C, ldc, mr, nr, acc, 1.0f, nullptr, 0, pf,
+                                              npf, 0, st, ldb);
   }
   // dst[0..n) = src (rnd: rounded to bf16), the 64-byte lines past the caches: results written
   // once, a few lines each far apart, and read only by a later kernel (attention's dK, dV),

@@ -31,9 +31,9 @@
 //   kScaledColsA           whether scaled sums (alpha, SGD) read a rows-contiguous fp32 A in
 //                          place with micro_cols instead of packing it (needs kInPlaceA, and
 //                          micro_cols with its optional arguments)
-//   kInPlaceB              true if it also has, with B's fp32 rows read in place:
-//     micro_bip(S, A, B, ldb, C, ldc, mr, nr, acc, pf, npf, rnd)
-//     micro_bip16(S, A, B, ldb, C, ldc, mr, nr, acc, pf, npf, st)   (bf16 rows, pairs of them)
+//   kInPlaceB              true if it also has, with B's rows read in place (fp32, or BF:
+//                          bf16 rows, a slot two of them):
+//     micro_bip<BF>(S, A, B, ldb, C, ldc, mr, nr, acc, pf, npf, st)
 #pragma once
 #include <omp.h>
 #include <xmmintrin.h>
@@ -413,11 +413,12 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
   // A long scaled sum packed as one block is still summed by sub-blocks of KCMAX slots (the
   // partial sums in Tp, as for finish), so that B sub-panels stay in L1 across their tiles.
   const bool split = whole && !finish && S > KCMAX;
-  // The bf16 kind's B with its bf16 rows contiguous (dx = dout W of bf16 weights), K even, each
-  // tile's sum stored whole: with one block of rows (W1) read where it lies, the kernel pairing
-  // two k rows a slot (below).
-  const bool bip16 = Kern::kInPlaceB && SL != Slot::f32 && B.rs == 1 && B.bf16 && K % 2 == 0 &&
-                     !scaled && !split && !finish;
+  // B's rows contiguous (dx = dout W) that, with one block of rows (W1), the kernel can read
+  // where they lie: fp32 rows, or for the bf16 kind bf16 rows of an even K, each tile's sum
+  // stored whole (bip16), the kernel pairing two k rows a slot (below).
+  const bool bip16 = SL != Slot::f32 && B.bf16 && K % 2 == 0 && !split && !finish;
+  const bool bip_rows =
+      Kern::kInPlaceB && B.rs == 1 && !scaled && (SL == Slot::f32 ? !B.bf16 : bip16);
   const int64_t per_thread = (MC + NCB) * KCB + (finish || split ? MC * NCB : 0);
   uint32_t* ws = workspace(per_thread * nthreads);
   // Each thread owns a band of C (columns, or rows when there are more rows) and runs the
@@ -462,8 +463,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
       // One block of rows (dx = dout W at 32 tokens) and B's fp32 rows contiguous (or bf16
       // ones: bip16): the kernel reads B's panels where they lie, no copy (the kernel set
       // permitting).
-      const bool bip =
-          Kern::kInPlaceB && stream && B.rs == 1 && !scaled && (SL == Slot::f32 ? !B.bf16 : bip16);
+      const bool bip = stream && bip_rows;
       // A by sub-blocks of `sub` slots, each contiguous: [s0][ir][slot][MR] (one sub-block
       // of kc slots unless split).
       const int64_t sub = !split ? kc : scaled ? KCMAX : kc_for(kc);
@@ -526,16 +526,12 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
           return Kern::micro_inplace(sn, a_at(ir, pc), false, A.rs, b, c, ldc, mr, nr,
                                      accumulate || pc > 0, pf, np);
         if constexpr (Kern::kInPlaceB)
-          if (bip) {  // (one k block per tile store: not scaled)
-            if constexpr (SL == Slot::f32)
-              return Kern::micro_bip(sn, a, static_cast<const float*>(B.p) + pc * B.ks + jc + jr,
-                                     B.ks, c, ldc, mr, nr, accumulate || pc > 0, pf, np,
-                                     sl == Store::round);
-            else
-              return Kern::micro_bip16(sn, a,
-                                       static_cast<const uint16_t*>(B.p) + 2 * pc * B.ks + jc + jr,
-                                       B.ks, c, ldc, mr, nr, accumulate || pc > 0, pf, np, sl);
-          }
+          if (bip)  // (one k block per tile store: not scaled)
+            return Kern::template micro_bip<SL != Slot::f32>(
+                sn, a,
+                static_cast<const char*>(B.p) +
+                    (per_slot(SL) * pc * B.ks + jc + jr) * (B.bf16 ? 2 : 4),
+                B.ks, c, ldc, mr, nr, accumulate || pc > 0, pf, np, sl);
         if ((split || finish) && st == Store::bf16) {  // sums in Tp, rounded into C when whole
           if (ainp16)
             Kern::micro_inplace(sn, a_at(ir, pc + s0), true, A.rs, b, tp, NCB, mr, nr, earlier, pf,
@@ -638,7 +634,7 @@ void gemm(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
     // the kernel set can and K is even (bip16), not packed at all: the kernel reads each slot's
     // two k rows of W and interleaves them (W1 bf16 backward products -8 to -10 %, the step -3
     // to -4.5 %, the same bits).
-    const bool stream = m1 - m0 <= MC && (SL == Slot::f32 || B.rs != 1 || bip16);
+    const bool stream = m1 - m0 <= MC && (SL == Slot::f32 || B.rs != 1 || bip_rows);
     // fp32 split sums over at most two blocks of rows (the SGD products of wo and w2: 256
     // rows, B the 16-24 MiB x): the first block packs B as it goes. W2 fp32 wo, w2 SGD
     // products -5 to -9 %; no gain measured where more blocks of rows share the packed B
