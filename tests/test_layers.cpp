@@ -83,6 +83,55 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RmsNorm,
                          ::testing::Values(std::tuple{1, 3}, std::tuple{3, 7}, std::tuple{5, 128},
                                            std::tuple{32, 256}, std::tuple{130, 33}));
 
+// The residual add and the norm after it in one pass (the model's residual stream) against the
+// separate passes it stands for, rounding to bf16 after each where rnd: the same bits, dw's
+// too, on one thread and on several (rows past the threading threshold, odd widths).
+TEST(ResidualNorm, FusedPassesAreTheSeparateOnes) {
+  for (const auto& [N, C] : {std::tuple{1, 3}, std::tuple{3, 7}, std::tuple{5, 128},
+                             std::tuple{130, 33}, std::tuple{300, 256}, std::tuple{97, 1030}})
+    for (bool rnd : {false, true})
+      for (int threads : {1, 2, 3}) {
+        omp_set_num_threads(threads);
+        const std::string what = "N=" + std::to_string(N) + " C=" + std::to_string(C) +
+                                 (rnd ? " rounded, " : ", ") + std::to_string(threads) + " threads";
+        const auto a = to_f(randn(size_t(N * C), 31)), b = to_f(randn(size_t(N * C), 32)),
+                   g = to_f(randn(size_t(N * C), 33)), d0 = to_f(randn(size_t(N * C), 34)),
+                   w = to_f(randn(size_t(C), 35, 0.5)), dw0 = to_f(randn(size_t(C), 36));
+        const auto round = [&](std::vector<float>& v) {
+          if (rnd) cpu::round_bf16_inplace(v.data(), int64_t(v.size()));
+        };
+        // the separate passes
+        std::vector<float> y = a, out(size_t(N * C)), rs(static_cast<size_t>(N)), dw = dw0,
+                           dx(size_t(N * C)), dy = d0;
+        cpu::add_inplace(y.data(), b.data(), N * C);
+        round(y);
+        cpu::rmsnorm_forward(out.data(), rs.data(), y.data(), w.data(), N, C, 1e-6);
+        round(out);
+        cpu::rmsnorm_backward(dx.data(), dw.data(), g.data(), y.data(), rs.data(), w.data(), N, C);
+        round(dx);
+        cpu::add_inplace(dy.data(), dx.data(), N * C);
+        round(dy);
+        // fused
+        std::vector<float> y2(size_t(N * C)), out2(size_t(N * C)), rs2(static_cast<size_t>(N)),
+            dw2 = dw0, dy2 = d0;
+        cpu::add_rmsnorm_forward(y2.data(), out2.data(), rs2.data(), a.data(), b.data(), w.data(),
+                                 N, C, 1e-6, rnd);
+        cpu::rmsnorm_backward_add(dy2.data(), dw2.data(), g.data(), y2.data(), rs2.data(), w.data(),
+                                  N, C, rnd);
+        ASSERT_EQ(y2, y) << what;
+        ASSERT_EQ(out2, out) << what;
+        ASSERT_EQ(rs2, rs) << what;
+        ASSERT_EQ(dy2, dy) << what;
+        ASSERT_EQ(dw2, dw) << what;
+        // y may be a (the add in place)
+        std::vector<float> y3 = a;
+        cpu::add_rmsnorm_forward(y3.data(), out2.data(), rs2.data(), y3.data(), b.data(), w.data(),
+                                 N, C, 1e-6, rnd);
+        ASSERT_EQ(y3, y) << what << ", in place";
+      }
+  omp_set_num_threads(cpu::threads());
+}
+
 // ------------------------------------------------------------------ matmul
 class Matmul : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
 TEST_P(Matmul, MatchesReferenceAndFiniteDifferences) {

@@ -234,6 +234,38 @@ TEST(Qwen3, Bf16ActivationStorageGivesTheSameStep) {
     }
 }
 
+// A backend without the fused residual add + RMSNorm ops (CUDA) gets the model's composition of
+// copy, add and norm passes: the same loss, gradients and steps, bit for bit, fused step or not.
+TEST(Qwen3, ComposedResidualNormEqualsTheFusedOps) {
+  Ops composed = cpu_ops();
+  composed.add_rmsnorm_forward = nullptr;
+  composed.rmsnorm_backward_add = nullptr;
+  for (DType dt : {DType::f32, DType::bf16})
+    for (bool tied : {true, false}) {
+      const Config c = tiny(tied);
+      const std::vector<float> w = tiny_params(c);
+      const Batch b = fixed_batch(2, 11, c.V);
+      Qwen3 m1(c, dt, 2, 11, cpu_ops()), m2(c, dt, 2, 11, composed);
+      for (Qwen3* m : {&m1, &m2}) m->set_params(w.data());
+      std::vector<float> g1(w.size()), g2(w.size()), p1(w.size()), p2(w.size());
+      const std::string what = std::string(dtype_name(dt)) + (tied ? " tied" : " untied");
+      for (int s = 0; s < 2; ++s) {
+        ASSERT_EQ(m1.forward(b), m2.forward(b)) << what << " step " << s;
+        m1.backward();
+        m2.backward();
+        m1.get_grads(g1.data());
+        m2.get_grads(g2.data());
+        ASSERT_EQ(g1, g2) << what << " step " << s;
+        m1.sgd_update(0.3f);
+        m2.sgd_update(0.3f);
+      }
+      for (Qwen3* m : {&m1, &m2}) m->forward(b), m->backward_sgd(0.3f);
+      m1.get_params(p1.data());
+      m2.get_params(p2.data());
+      EXPECT_EQ(p1, p2) << what << ": the fused step";
+    }
+}
+
 // A backend without the fused QK-norm + RoPE op (CUDA) gets the model's composition of the
 // split, norms and rotations, from the same saved activations: the same step, bit for bit.
 TEST(Qwen3, ComposedQkNormRopeEqualsTheFusedOp) {

@@ -164,19 +164,38 @@ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, in
   for (int64_t n = 0; n < N; ++n) rstd[n] = rms_row(out + n * C, x + n * C, w, C, eps);
 }
 
-void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* rstd,
-                      const float* w, int64_t N, int64_t C) {
+// RMSNorm's backward over the rows: the input gradient into d, or with ADD added into it (each
+// rounded to bf16 first where rnd, and the sum); dw's partial sums per thread, summed in
+// thread order. A thread's partial sums and row lie a line apart from the next thread's: a
+// line two cores write in turn moves between them with every row (the fused pass below,
+// W2's rows on two threads: 1.6x slower with them adjacent).
+template <bool ADD>
+static void rms_backward(float* d, float* dw, const float* dout, const float* x, const float* rstd,
+                         const float* w, int64_t N, int64_t C, bool rnd) {
   const int nt = omp_get_max_threads();
-  std::vector<float> dwpart(size_t(nt) * C, 0.0f);  // per-thread dw, summed in thread order
+  const size_t cp = size_t((C + 15) / 16 * 16), per = (ADD ? 2 * cp : cp) + 16;
+  std::vector<float> part(size_t(nt) * per, 0.0f);  // per thread: dw's sums, [a row]
 #pragma omp parallel if (N * C > 16384)
   {
-    float* mydw = dwpart.data() + size_t(omp_get_thread_num()) * C;
+    float* const mydw = part.data() + size_t(omp_get_thread_num()) * per;
+    float* const row = mydw + cp;
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n)
-      rms_row_backward(dx + n * C, mydw, dout + n * C, x + n * C, rstd[n], w, C);
+    for (int64_t n = 0; n < N; ++n) {
+      float* const dr = d + n * C;
+      rms_row_backward(ADD ? row : dr, mydw, dout + n * C, x + n * C, rstd[n], w, C);
+      if constexpr (ADD) {
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c)
+          dr[c] = rnd ? round_bf16(dr[c] + round_bf16(row[c])) : dr[c] + row[c];
+      }
+    }
   }
   for (int t = 0; t < nt; ++t)
-    for (int64_t c = 0; c < C; ++c) dw[c] += dwpart[size_t(t) * C + c];
+    for (int64_t c = 0; c < C; ++c) dw[c] += part[size_t(t) * per + c];
+}
+void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* rstd,
+                      const float* w, int64_t N, int64_t C) {
+  rms_backward<false>(dx, dw, dout, x, rstd, w, N, C, false);
 }
 
 // Row-major C[M, N] = alpha op(A) op(B) + beta C (beta 0 or 1): the linear layers, and
@@ -780,6 +799,26 @@ void crossentropy_backward(float* dlogits, const float* logits, const float* lse
     for (int64_t j = 0; j < V; ++j) d[j] = vexp(row[j] - lse[n]) * s;
     d[targets[n]] -= s;
   }
+}
+
+// The residual stream's add and the norm after it, each row while it is in cache (model/ops.h):
+// the row functions of rmsnorm_* and the same roundings, so the same bits (backward: dw's
+// partial sums over the same threads' rows, so in the same order).
+void add_rmsnorm_forward(float* y, float* out, float* rstd, const float* a, const float* b,
+                         const float* w, int64_t N, int64_t C, double eps, bool rnd) {
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+  for (int64_t n = 0; n < N; ++n) {
+    float *yr = y + n * C, *o = out + n * C;
+    const float *ar = a + n * C, *br = b + n * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) yr[c] = rnd ? round_bf16(ar[c] + br[c]) : ar[c] + br[c];
+    rstd[n] = rms_row(o, yr, w, C, eps);
+    if (rnd) round_row(o, C);
+  }
+}
+void rmsnorm_backward_add(float* dy, float* dw, const float* dout, const float* x,
+                          const float* rstd, const float* w, int64_t N, int64_t C, bool rnd) {
+  rms_backward<true>(dy, dw, dout, x, rstd, w, N, C, rnd);
 }
 
 void add_inplace(float* y, const float* x, int64_t n) {

@@ -119,5 +119,12 @@ void crossentropy_backward(float* dlogits, const float* logits, const float* lse
 // Elementwise helpers used by the model.
 void add_inplace(float* y, const float* x, int64_t n);  // y += x
 void round_bf16_inplace(float* x, int64_t n);           // x = bf16(x), stored as fp32
+// The residual add and the RMSNorm after it in one pass (model/ops.h): y[N, C] = a + b (y may
+// be a), out[N, C] = RMSNorm(y), rstd[N]; and dy[N, C] += the norm's input gradient, dw[C]
+// added into; each value rounded to bf16 where rnd, as the separate passes would.
+void add_rmsnorm_forward(float* y, float* out, float* rstd, const float* a, const float* b,
+                         const float* w, int64_t N, int64_t C, double eps, bool rnd);
+void rmsnorm_backward_add(float* dy, float* dw, const float* dout, const float* x,
+                          const float* rstd, const float* w, int64_t N, int64_t C, bool rnd);
 
 }  // namespace tq::cpu

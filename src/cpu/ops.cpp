@@ -116,6 +116,8 @@ const Ops& cpu_ops() {
       cpu::crossentropy_backward,
       cpu::add_inplace,
       cpu::round_bf16_inplace,
+      cpu::add_rmsnorm_forward,
+      cpu::rmsnorm_backward_add,
       sgd_update_f32,
       sgd_update_bf16,
       [] {},

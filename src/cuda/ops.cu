@@ -621,6 +621,8 @@ const Ops& device_ops() {
       crossentropy_backward,
       add_inplace,
       round_inplace,
+      nullptr,  // add_rmsnorm_forward, rmsnorm_backward_add: the model composes them
+      nullptr,
       sgd_f32,
       sgd_bf16,
       [] { check(cudaDeviceSynchronize(), "kernels"); },

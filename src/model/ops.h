@@ -136,6 +136,16 @@ struct Ops {
                                 int64_t, double);
   void (*add_inplace)(float*, const float*, int64_t);
   void (*round_bf16_inplace)(float*, int64_t);
+  // Optional (null: copy, add_inplace and rmsnorm_forward; rmsnorm_backward and add_inplace;
+  // with round_bf16_inplace after each where rnd): the residual add and the RMSNorm after it
+  // in one pass over each row, with those bits:
+  // forward (y, out, rstd, a, b, w, N, C, eps, rnd): y = a + b, out = RMSNorm(y);
+  // backward (dy, dw, dout, x, rstd, w, N, C, rnd): dy += RMSNorm's input gradient, adding
+  // into dw as rmsnorm_backward does.
+  void (*add_rmsnorm_forward)(float*, float*, float*, const float*, const float*, const float*,
+                              int64_t, int64_t, double, bool);
+  void (*rmsnorm_backward_add)(float*, float*, const float*, const float*, const float*,
+                               const float*, int64_t, int64_t, bool);
   // w -= lr * g over fp32 arrays, or, for bf16 arrays, as optax computes it in bf16
   void (*sgd_update_f32)(float* w, const float* g, int64_t n, float lr);
   void (*sgd_update_bf16)(uint16_t* w, const uint16_t* g, int64_t n, float lr);

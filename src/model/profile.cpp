@@ -175,6 +175,12 @@ const Ops& profiled(const Ops& inner) {
             [](Pf, CPf, CPf, Tok, I64 N, I64 V, double) { return bytes(8.0 * N * V); });
     TQ_WRAP(add_inplace, [](Pf, CPf, I64 n) { return bytes(12.0 * n); });
     TQ_WRAP(round_bf16_inplace, [](Pf, I64 n) { return bytes(8.0 * n); });
+    TQ_WRAP(add_rmsnorm_forward, [](Pf, Pf, Pf, CPf, CPf, CPf, I64 N, I64 C, double, bool) {
+      return bytes(16.0 * N * C + 4.0 * (N + C));
+    });
+    TQ_WRAP(rmsnorm_backward_add, [](Pf, Pf, CPf, CPf, CPf, CPf, I64 N, I64 C, bool) {
+      return bytes(16.0 * N * C + 4.0 * N + 12.0 * C);
+    });
     TQ_WRAP(sgd_update_f32, [](Pf, CPf, I64 n, float) { return bytes(12.0 * n); });
     TQ_WRAP(sgd_update_bf16, [](Ph, CPh, I64 n, float) { return bytes(6.0 * n); });
 #undef TQ_WRAP

@@ -297,6 +297,20 @@ void Qwen3::linear_forward(Act out, Act x, size_t off, int64_t IC, int64_t OC) {
 bool Qwen3::fused(size_t off) const {
   return can_fuse_ && fuse_lr_ > 0 && off != layout_.tok_emb;  // a tied head: two contributions
 }
+void Qwen3::norm_backward_add(size_t off, const float* g, const float* x, const float* rstd) {
+  const Ops& o = ops_;
+  const int64_t N = N_, C = cfg_.C;
+  if (o.rmsnorm_backward_add) {
+    o.rmsnorm_backward_add(dres_, grad(off, C), g, x, rstd, weight(off, C), N, C,
+                           dtype_ == DType::bf16);
+  } else {
+    o.rmsnorm_backward(dtmp_, grad(off, C), g, x, rstd, weight(off, C), N, C);
+    o.add_inplace(dres_, rb(dtmp_, N * C), N * C);
+    rb(dres_, N * C);
+  }
+  grad_done(off, C);
+}
+
 void Qwen3::linear_backward(Act dx, Act dout, Act x, size_t off, int64_t IC, int64_t OC) {
   if (fused(off)) {
     if (dtype_ == DType::f32)
@@ -336,12 +350,17 @@ double Qwen3::forward(const Batch& batch) {
                              static_cast<const uint16_t*>(params_) + layout_.tok_emb, N, C);
   else
     o.embedding_forward(la_[0].res, tokens_, weight(layout_.tok_emb, c.V * C), N, C);
+  // With add_rmsnorm_forward each residual add also normalizes its sum for what comes next:
+  // the feed-forward's input, the next layer's (or the final norm's).
+  const bool add_norm = o.add_rmsnorm_forward != nullptr, rnd = dtype_ == DType::bf16;
   for (int64_t l = 0; l < c.L; ++l) {
     const ParamLayout::Layer& w = layout_.layers[l];
     const LayerActs& a = la_[l];
     float* res_out = l + 1 < c.L ? la_[l + 1].res : res_final_;
-    o.rmsnorm_forward(a.xn1, a.rstd1, a.res, weight(w.attn_norm, C), N, C, c.eps);
-    rb(a.xn1, N * C);
+    if (l == 0 || !add_norm) {
+      o.rmsnorm_forward(a.xn1, a.rstd1, a.res, weight(w.attn_norm, C), N, C, c.eps);
+      rb(a.xn1, N * C);
+    }
     const bool h16 = bf16_acts_;  // qkv, q, k, v, att, ab, m in bf16 storage
     linear_forward({a.qkv, h16}, {a.xn1}, w.wqkv, C, QKV);
     // q_norm and k_norm are adjacent: widened together in bf16 runs
@@ -370,11 +389,16 @@ double Qwen3::forward(const Batch& batch) {
       }
     }
     linear_forward({tmp_}, {a.att, h16}, w.wo, H * D, C);
-    o.copy(a.mid, a.res, N * C);
-    o.add_inplace(a.mid, tmp_, N * C);
-    rb(a.mid, N * C);
-    o.rmsnorm_forward(a.xn2, a.rstd2, a.mid, weight(w.ffn_norm, C), N, C, c.eps);
-    rb(a.xn2, N * C);
+    if (add_norm) {
+      o.add_rmsnorm_forward(a.mid, a.xn2, a.rstd2, a.res, tmp_, weight(w.ffn_norm, C), N, C, c.eps,
+                            rnd);
+    } else {
+      o.copy(a.mid, a.res, N * C);
+      o.add_inplace(a.mid, tmp_, N * C);
+      rb(a.mid, N * C);
+      o.rmsnorm_forward(a.xn2, a.rstd2, a.mid, weight(w.ffn_norm, C), N, C, c.eps);
+      rb(a.xn2, N * C);
+    }
     // w1 and w3 are adjacent: one [2F, C] matmul
     linear_forward({a.ab, h16}, {a.xn2}, w.w1, C, 2 * F);
     if (h16)
@@ -382,12 +406,21 @@ double Qwen3::forward(const Batch& batch) {
     else
       o.swiglu_forward(a.m, a.ab, N, F, dtype_ == DType::bf16);
     linear_forward({tmp_}, {a.m, h16}, w.w2, F, C);
-    o.copy(res_out, a.mid, N * C);
-    o.add_inplace(res_out, tmp_, N * C);
-    rb(res_out, N * C);
+    if (add_norm) {
+      const bool last = l + 1 == c.L;
+      const size_t norm = last ? layout_.norm : layout_.layers[l + 1].attn_norm;
+      o.add_rmsnorm_forward(res_out, last ? xnf_ : la_[l + 1].xn1, last ? rstdf_ : la_[l + 1].rstd1,
+                            a.mid, tmp_, weight(norm, C), N, C, c.eps, rnd);
+    } else {
+      o.copy(res_out, a.mid, N * C);
+      o.add_inplace(res_out, tmp_, N * C);
+      rb(res_out, N * C);
+    }
   }
-  o.rmsnorm_forward(xnf_, rstdf_, res_final_, weight(layout_.norm, C), N, C, c.eps);
-  rb(xnf_, N * C);
+  if (!add_norm) {
+    o.rmsnorm_forward(xnf_, rstdf_, res_final_, weight(layout_.norm, C), N, C, c.eps);
+    rb(xnf_, N * C);
+  }
   linear_forward({logits_}, {xnf_}, layout_.lm_head, C, c.V);
   return o.crossentropy_forward(lse_ce_, logits_, targets_, N, c.V);
 }
@@ -435,11 +468,7 @@ void Qwen3::backward_pass() {
     else
       o.swiglu_backward(dab_, dm_, a.ab, N, F, dtype_ == DType::bf16);
     linear_backward({dxn_}, {dab_, h16}, {a.xn2}, w.w1, C, 2 * F);
-    o.rmsnorm_backward(dtmp_, grad(w.ffn_norm, C), dxn_, a.mid, a.rstd2, weight(w.ffn_norm, C), N,
-                       C);
-    grad_done(w.ffn_norm, C);
-    o.add_inplace(dres_, rb(dtmp_, N * C), N * C);  // dres is now d(mid)
-    rb(dres_, N * C);
+    norm_backward_add(w.ffn_norm, dxn_, a.mid, a.rstd2);  // dres is now d(mid)
     // attention
     linear_backward({datt_, h16}, {dres_}, {a.att, h16}, w.wo, H * D, C);
     const float* qkw = weight(w.q_norm, 2 * D);  // q_norm, k_norm (adjacent)
@@ -474,11 +503,7 @@ void Qwen3::backward_pass() {
     }
     grad_done(w.q_norm, 2 * D);
     linear_backward({dxn_}, {qkv_, h16}, {a.xn1}, w.wqkv, C, QKV);
-    o.rmsnorm_backward(dtmp_, grad(w.attn_norm, C), dxn_, a.res, a.rstd1, weight(w.attn_norm, C), N,
-                       C);
-    grad_done(w.attn_norm, C);
-    o.add_inplace(dres_, rb(dtmp_, N * C), N * C);  // dres is now d(res of layer l)
-    rb(dres_, N * C);
+    norm_backward_add(w.attn_norm, dxn_, a.res, a.rstd1);  // dres is now d(res of layer l)
   }
   if (dtype_ == DType::bf16 && o.embedding_backward_bf16) {
     o.embedding_backward_bf16(static_cast<uint16_t*>(grads_) + gslot(layout_.tok_emb, c.V * C),
