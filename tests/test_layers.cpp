@@ -890,6 +890,30 @@ TEST(LaneSum, SumsByLanesThenPairwise) {
   }
 }
 
+// The softmaxes' row maximum by lanes: the serial std::max loop's value at every length, NaNs
+// passed over as std::max passes them (at any place), infinities kept; of +0 and -0 (equal)
+// either.
+TEST(LaneMax, IsTheSerialMaximum) {
+  std::vector<float> x(200);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i) * 1.7f) * float(i % 7);
+  const auto serial = [&](int64_t n) {
+    float m = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, x[size_t(i)]);
+    return m;
+  };
+  for (int pass = 0; pass < 4; ++pass) {
+    if (pass == 1) x[37] = NAN, x[0] = NAN, x[150] = NAN;
+    if (pass == 2) x[77] = INFINITY;
+    if (pass == 3)  // all at most zero, the largest both zeros
+      for (size_t i = 0; i < x.size(); ++i) x[i] = i % 5 == 0 ? (i % 2 ? -0.0f : 0.0f) : -1.0f;
+    for (int64_t n = 0; n <= 200; ++n) {
+      const float want = serial(n), got = tq::cpu::lane_max_for_tests(x.data(), n);
+      ASSERT_FALSE(std::isnan(got)) << "pass " << pass << " n " << n;
+      ASSERT_EQ(got, want) << "pass " << pass << " n " << n;
+    }
+  }
+}
+
 // The vectorizable exp of the softmaxes and SwiGLU: within 2 ulp of std::exp over the
 // normal range, exact limits outside it.
 TEST(Exp, WithinTwoUlpOfStdExp) {

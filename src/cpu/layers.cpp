@@ -27,6 +27,9 @@ float exp_for_tests(float x) {
 float lane_sum_for_tests(const float* x, int64_t n) {
   return lane_sum(n, [x](int64_t i) { return x[i]; });
 }
+float lane_max_for_tests(const float* x, int64_t n) {
+  return lane_max(x, n);
+}
 
 static int g_threads = 1;
 
@@ -586,8 +589,7 @@ static void block_probs(float* s, const float* qs, const float* kp, int64_t i0, 
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) row[j] = vexp(row[j] - l);
     } else {
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
+      const float mx = lane_max(row, n);
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) row[j] = vexp(row[j] - mx);
       const float sum = lane_sum(n, [row](int64_t j) { return row[j]; });
@@ -778,8 +780,7 @@ double crossentropy_forward(float* lse, const float* logits, const int32_t* targ
 #pragma omp parallel for schedule(static) if (N * V > 65536)
   for (int64_t n = 0; n < N; ++n) {
     const float* row = logits + n * V;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
+    const float mx = lane_max(row, V);
     const float sum = lane_sum(V, [row, mx](int64_t j) { return vexp(row[j] - mx); });
     lse[n] = mx + std::log(sum);
     per_row[n] = double(lse[n]) - double(row[targets[n]]);

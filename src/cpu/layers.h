@@ -12,6 +12,7 @@ namespace tq::cpu {
 void set_threads(int n);       // OpenMP and BLAS
 float exp_for_tests(float x);  // the vectorizable exp the softmaxes and SwiGLU use
 float lane_sum_for_tests(const float* x, int64_t n);  // lane_sum (cpu/vmath.h) of x[0..n)
+float lane_max_for_tests(const float* x, int64_t n);  // lane_max (cpu/vmath.h) of x[0..n)
 int threads();
 // The CPUs this process may run on (the CLI's threads unless told): its affinity mask (taskset, a
 // container's cpuset), capped by the cgroup v2 CPU quotas over it (docker --cpus). More threads
