@@ -1,5 +1,6 @@
 #include "model/ops.h"
 
+#include <omp.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -37,8 +38,18 @@ void* host_alloc(size_t bytes) {
 void host_release(void* p) {
   if (p) std::free(static_cast<void**>(p)[-1]);
 }
+// Large spans by all threads, a share of whole pages each: one core's memset wrote ~50 GB/s on the
+// Zen 5 VM, two ~100 (a 0.6B fp32 step zeroes its 622 MB table gradient).
 void host_zero(void* p, size_t bytes) {
-  std::memset(p, 0, bytes);
+  if (bytes < (size_t(4) << 20)) return void(std::memset(p, 0, bytes));
+  char* const c = static_cast<char*>(p);
+#pragma omp parallel
+  {
+    const size_t t = size_t(omp_get_thread_num()), nt = size_t(omp_get_num_threads());
+    const size_t a = bytes / nt * t / 4096 * 4096,
+                 b = t + 1 == nt ? bytes : bytes / nt * (t + 1) / 4096 * 4096;
+    std::memset(c + a, 0, b - a);
+  }
 }
 void host_copy(float* d, const float* s, int64_t n) {
   std::memcpy(d, s, n * sizeof(float));
