@@ -297,6 +297,21 @@ void Qwen3::linear_forward(Act out, Act x, size_t off, int64_t IC, int64_t OC) {
 bool Qwen3::fused(size_t off) const {
   return can_fuse_ && fuse_lr_ > 0 && off != layout_.tok_emb;  // a tied head: two contributions
 }
+void Qwen3::add_norm_forward(float* y, float* out, float* rstd, const float* a, const float* b,
+                             size_t off) {
+  const Ops& o = ops_;
+  const int64_t N = N_, C = cfg_.C;
+  if (o.add_rmsnorm_forward) {
+    o.add_rmsnorm_forward(y, out, rstd, a, b, weight(off, C), N, C, cfg_.eps,
+                          dtype_ == DType::bf16);
+    return;
+  }
+  o.copy(y, a, N * C);
+  o.add_inplace(y, b, N * C);
+  rb(y, N * C);
+  o.rmsnorm_forward(out, rstd, y, weight(off, C), N, C, cfg_.eps);
+  rb(out, N * C);
+}
 void Qwen3::norm_backward_add(size_t off, const float* g, const float* x, const float* rstd) {
   const Ops& o = ops_;
   const int64_t N = N_, C = cfg_.C;
@@ -350,17 +365,15 @@ double Qwen3::forward(const Batch& batch) {
                              static_cast<const uint16_t*>(params_) + layout_.tok_emb, N, C);
   else
     o.embedding_forward(la_[0].res, tokens_, weight(layout_.tok_emb, c.V * C), N, C);
-  // With add_rmsnorm_forward each residual add also normalizes its sum for what comes next:
-  // the feed-forward's input, the next layer's (or the final norm's).
-  const bool add_norm = o.add_rmsnorm_forward != nullptr, rnd = dtype_ == DType::bf16;
+  // the first layer's input normalized; each residual add after normalizes its sum for what
+  // reads it next: the feed-forward, the next layer or the final norm's output
+  o.rmsnorm_forward(la_[0].xn1, la_[0].rstd1, la_[0].res, weight(layout_.layers[0].attn_norm, C), N,
+                    C, c.eps);
+  rb(la_[0].xn1, N * C);
   for (int64_t l = 0; l < c.L; ++l) {
     const ParamLayout::Layer& w = layout_.layers[l];
     const LayerActs& a = la_[l];
-    float* res_out = l + 1 < c.L ? la_[l + 1].res : res_final_;
-    if (l == 0 || !add_norm) {
-      o.rmsnorm_forward(a.xn1, a.rstd1, a.res, weight(w.attn_norm, C), N, C, c.eps);
-      rb(a.xn1, N * C);
-    }
+    const bool last = l + 1 == c.L;
     const bool h16 = bf16_acts_;  // qkv, q, k, v, att, ab, m in bf16 storage
     linear_forward({a.qkv, h16}, {a.xn1}, w.wqkv, C, QKV);
     // q_norm and k_norm are adjacent: widened together in bf16 runs
@@ -389,16 +402,7 @@ double Qwen3::forward(const Batch& batch) {
       }
     }
     linear_forward({tmp_}, {a.att, h16}, w.wo, H * D, C);
-    if (add_norm) {
-      o.add_rmsnorm_forward(a.mid, a.xn2, a.rstd2, a.res, tmp_, weight(w.ffn_norm, C), N, C, c.eps,
-                            rnd);
-    } else {
-      o.copy(a.mid, a.res, N * C);
-      o.add_inplace(a.mid, tmp_, N * C);
-      rb(a.mid, N * C);
-      o.rmsnorm_forward(a.xn2, a.rstd2, a.mid, weight(w.ffn_norm, C), N, C, c.eps);
-      rb(a.xn2, N * C);
-    }
+    add_norm_forward(a.mid, a.xn2, a.rstd2, a.res, tmp_, w.ffn_norm);
     // w1 and w3 are adjacent: one [2F, C] matmul
     linear_forward({a.ab, h16}, {a.xn2}, w.w1, C, 2 * F);
     if (h16)
@@ -406,20 +410,11 @@ double Qwen3::forward(const Batch& batch) {
     else
       o.swiglu_forward(a.m, a.ab, N, F, dtype_ == DType::bf16);
     linear_forward({tmp_}, {a.m, h16}, w.w2, F, C);
-    if (add_norm) {
-      const bool last = l + 1 == c.L;
-      const size_t norm = last ? layout_.norm : layout_.layers[l + 1].attn_norm;
-      o.add_rmsnorm_forward(res_out, last ? xnf_ : la_[l + 1].xn1, last ? rstdf_ : la_[l + 1].rstd1,
-                            a.mid, tmp_, weight(norm, C), N, C, c.eps, rnd);
-    } else {
-      o.copy(res_out, a.mid, N * C);
-      o.add_inplace(res_out, tmp_, N * C);
-      rb(res_out, N * C);
-    }
-  }
-  if (!add_norm) {
-    o.rmsnorm_forward(xnf_, rstdf_, res_final_, weight(layout_.norm, C), N, C, c.eps);
-    rb(xnf_, N * C);
+    if (last)
+      add_norm_forward(res_final_, xnf_, rstdf_, a.mid, tmp_, layout_.norm);
+    else
+      add_norm_forward(la_[l + 1].res, la_[l + 1].xn1, la_[l + 1].rstd1, a.mid, tmp_,
+                       layout_.layers[l + 1].attn_norm);
   }
   linear_forward({logits_}, {xnf_}, layout_.lm_head, C, c.V);
   return o.crossentropy_forward(lse_ce_, logits_, targets_, N, c.V);

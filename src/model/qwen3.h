@@ -94,6 +94,9 @@ class Qwen3 {
   // Activations in bf16 storage only where the bf16w products run (bf16_acts_).
   void linear_forward(Act out, Act x, size_t off, int64_t IC, int64_t OC);
   void linear_backward(Act dx, Act dout, Act x, size_t off, int64_t IC, int64_t OC);
+  // y[N, C] = a + b, and out, rstd its RMSNorm with weight `off` (rounded to bf16 in bf16 runs)
+  void add_norm_forward(float* y, float* out, float* rstd, const float* a, const float* b,
+                        size_t off);
   // dres_ += the input gradient of the RMSNorm with weight `off` (x its input [N, C], rstd its
   // saved statistic) for its output gradient g; the weight's gradient collected
   void norm_backward_add(size_t off, const float* g, const float* x, const float* rstd);
