@@ -194,6 +194,25 @@ TEST(Gemm, SkinnyProductsMatchTheGeneralPathBitForBit) {
   }
 }
 
+// A product whose packing buffer cannot be allocated says so in one line and exits 2, before
+// it reads its operands (a skinny product over 2^44 slots asks for ~2^51 bytes). Not under
+// ASan, whose allocator reports such a request itself.
+TEST(Gemm, OutOfMemoryForItsBufferIsAnErrorNotACrash) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "ASan's allocator fails the request first";
+#else
+  ::testing::GTEST_FLAG(death_test_style) = "threadsafe";  // OpenMP's threads may be running
+  FOR_EACH_SET(set) {
+    float a = 1.0f, b = 1.0f, c = 0.0f;
+    const int64_t K = int64_t(1) << 44;
+    const cpu::View A{&a, false, K, 1}, B{&b, false, K, 1};
+    EXPECT_EXIT(set->f32(1, 1, K, A, B, &c, 1, false, 1.0f, cpu::Store::f32),
+                testing::ExitedWithCode(2), "error: out of memory: the CPU kernels' packing buffer")
+        << set->name;
+  }
+#endif
+}
+
 // Row bands of several blocks a thread over more columns than one B block: bit for bit the
 // band of one thread, and the plain sums.
 TEST(Gemm, RowBandsOverSeveralColumnBlocks) {

@@ -40,6 +40,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -72,7 +73,9 @@ inline int64_t lo(int64_t a, int64_t b) {
 
 // Grow-only workspace of the calling thread (attention calls products from its workers),
 // freed when the thread ends (OpenMP retires pool threads when the thread count drops).
-// Slot 1 is a second one, for results kept across the products a thread calls.
+// Slot 1 is a second one, for results kept across the products a thread calls. Sized by the
+// first step's shapes; where memory runs out the process says so and exits 2 (no exception
+// can leave an OpenMP region, and no file is open for writing while the kernels run).
 uint32_t* workspace(int64_t words, int slot = 0) {
   struct Buffer {
     uint32_t* p = nullptr;
@@ -84,8 +87,16 @@ uint32_t* workspace(int64_t words, int slot = 0) {
   if (words > buf.cap) {
     std::free(buf.p);
     buf.cap = words + words / 4;
-    buf.p = static_cast<uint32_t*>(std::aligned_alloc(64, size_t((buf.cap * 4 + 63) / 64 * 64)));
-    if (!buf.p) std::abort();
+    const size_t bytes = size_t((buf.cap * 4 + 63) / 64 * 64);
+    buf.p = static_cast<uint32_t*>(std::aligned_alloc(64, bytes));
+    if (!buf.p) {
+      buf.cap = 0;
+      std::fprintf(stderr,
+                   "error: out of memory: the CPU kernels' packing buffer (%.1f MiB) could not be "
+                   "allocated; free memory, or lower --batch-size, --seq-len or --threads\n",
+                   double(bytes) / (1 << 20));
+      std::_Exit(2);
+    }
   }
   return buf.p;
 }
