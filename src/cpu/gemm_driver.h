@@ -90,7 +90,6 @@ uint32_t* workspace(int64_t words, int slot = 0) {
     const size_t bytes = size_t((buf.cap * 4 + 63) / 64 * 64);
     buf.p = static_cast<uint32_t*>(std::aligned_alloc(64, bytes));
     if (!buf.p) {
-      buf.cap = 0;
       std::fprintf(stderr,
                    "error: out of memory: the CPU kernels' packing buffer (%.1f MiB) could not be "
                    "allocated; free memory, or lower --batch-size, --seq-len or --threads\n",
