@@ -66,16 +66,19 @@ std::vector<float> load(const std::string& path, const Config& c) {
 TEST(Safetensors, WritesAlignedSortedFilesAndReadsThemBack) {
   const std::string path = tmp("a.safetensors");
   std::vector<StOutTensor> t;
-  t.push_back({"b16", "BF16", {3}, [](uint8_t* o) { std::memset(o, 0x3f, 6); }});
-  t.push_back({"f32", "F32", {2, 2}, [](uint8_t* o) {
+  t.push_back({"b16", "BF16", {3}, [](const ByteSink& emit) {
+                 const uint8_t o[6] = {0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f};
+                 emit(o, 6);
+               }});
+  t.push_back({"f32", "F32", {2, 2}, [](const ByteSink& emit) {  // by pieces
                  const float v[4] = {1, 2, 3, 4};
-                 std::memcpy(o, v, 16);
+                 emit(v, 4), emit(v + 1, 12);
                }});
-  t.push_back({"scalar", "F64", {}, [](uint8_t* o) {
+  t.push_back({"scalar", "F64", {}, [](const ByteSink& emit) {
                  const double v = 0.5;
-                 std::memcpy(o, &v, 8);
+                 emit(&v, 8);
                }});
-  t.push_back({"empty", "F32", {0, 5}, [](uint8_t*) {}});
+  t.push_back({"empty", "F32", {0, 5}, [](const ByteSink&) {}});
   save_safetensors(path, t, {{"format", "pt"}});
   const SafetensorsFile f(path);
   ASSERT_EQ(f.tensors().size(), 4u);
@@ -187,13 +190,13 @@ struct PtDict {
   void add(const std::string& name, std::vector<int64_t> shape, std::vector<float> v,
            const std::string& storage = "FloatStorage") {
     const int64_t n = int64_t(v.size());
-    TensorRef t = w.add_storage(storage, n, [v, storage](uint8_t* b) {
+    TensorRef t = w.add_storage(storage, n, [v, storage](const ByteSink& emit) {
       for (size_t i = 0; i < v.size(); ++i) {
-        if (storage == "FloatStorage")
-          std::memcpy(b + 4 * i, &v[i], 4);
-        else {  // LongStorage
+        if (storage == "FloatStorage") {
+          emit(&v[i], 4);
+        } else {  // LongStorage
           const int64_t x = int64_t(v[i]);
-          std::memcpy(b + 8 * i, &x, 8);
+          emit(&x, 8);
         }
       }
     });
@@ -330,8 +333,8 @@ TEST(Import, ShardedIndexLoadsAndIsChecked) {
   for (const StTensor& t : whole.tensors()) {
     const bool first = t.name.find("layers.1.") == std::string::npos;
     const SafetensorsFile* f = &whole;
-    (first ? a : b).push_back({t.name, t.dtype, t.shape, [f, t](uint8_t* o) {
-                                 std::memcpy(o, f->data(t), t.end - t.begin);
+    (first ? a : b).push_back({t.name, t.dtype, t.shape, [f, t](const ByteSink& emit) {
+                                 emit(f->data(t), t.end - t.begin);
                                }});
     map += (map.empty() ? "" : ",") + ("\"" + t.name + "\":\"") +
            (first ? "model-00001-of-00002.safetensors\"" : "model-00002-of-00002.safetensors\"");

@@ -203,7 +203,8 @@ TEST(Pickle, RejectsHostileStreams) {
     EXPECT_THROW(pickle_loads(reinterpret_cast<const uint8_t*>(s.data()), s.size()), Error) << s;
 }
 
-// A tensor longer than kEncodePiece is read from the arena by pieces, into the same bytes.
+// A tensor longer than kEncodePiece is read from the arena and emitted by pieces of at most
+// kEncodePiece values, in order: the same bytes, and no piece (nor copy) of the whole tensor.
 TEST(Checkpoint, EncodesLargeTensorsByPieces) {
   //          name   V      C    L  H  KVH D  F   ctx theta tied   eps
   const Config c{"big", 42001, 100, 1, 2, 1, 8, 16, 64, 1e4, false, 1e-6f};
@@ -221,8 +222,18 @@ TEST(Checkpoint, EncodesLargeTensorsByPieces) {
       whole(off, m, out);
     };
     for (DType dt : {DType::f32, DType::bf16}) {
-      std::vector<uint8_t> out(n * dtype_size(dt));
-      encode_entry(out.data(), c, e, read, dt);
+      std::vector<uint8_t> out;
+      size_t pieces = 0, biggest = 0;
+      encode_entry(
+          [&](const void* p, size_t m) {
+            out.insert(out.end(), static_cast<const uint8_t*>(p),
+                       static_cast<const uint8_t*>(p) + m);
+            ++pieces, biggest = std::max(biggest, m);
+          },
+          c, e, read, dt);
+      ASSERT_EQ(out.size(), n * dtype_size(dt));
+      EXPECT_EQ(pieces, (n + kEncodePiece - 1) / kEncodePiece);
+      EXPECT_EQ(biggest, kEncodePiece * dtype_size(dt));
       for (size_t i = 0; i < n; i = i + 9973 < n || i == n - 1 ? i + 9973 : n - 1) {
         float v;
         if (dt == DType::f32) {
@@ -237,6 +248,67 @@ TEST(Checkpoint, EncodesLargeTensorsByPieces) {
     }
     EXPECT_EQ(longest, kEncodePiece);
   }
+}
+
+// A record written by pieces (its CRC-32 patched into its header afterwards) is the same file,
+// byte for byte, as the record written whole; a fill that emits other than the record's size
+// is an error, and leaves no file behind.
+TEST(Zip, RecordsWrittenByPiecesAreTheRecordsWrittenWhole) {
+  std::string data(300007, '\0');
+  std::mt19937 rng(7);
+  for (char& ch : data) ch = char(rng());
+  const auto write = [&](const std::string& path, int how) {
+    AtomicFile f(path);
+    ZipWriter zip(f);
+    zip.add("archive/a", "x", 1);
+    if (how == 0) {
+      zip.add("archive/data/0", data.data(), data.size());
+    } else {
+      const uint64_t declared = data.size() + (how == 2 ? 1 : how == 3 ? -1 : 0);
+      zip.add("archive/data/0", declared, [&](const ByteSink& emit) {
+        for (size_t i = 0; i < data.size(); i += 4093)
+          emit(data.data() + i, std::min<size_t>(4093, data.size() - i));
+      });
+    }
+    zip.add("archive/b", "yz", 2);
+    zip.finish();
+    f.commit();
+  };
+  const std::string whole = tmp_path("whole.zip"), pieces = tmp_path("pieces.zip");
+  write(whole, 0);
+  write(pieces, 1);
+  EXPECT_EQ(read_all(pieces), read_all(whole));
+  {  // every local header's CRC-32 is its data's (the reader checks the central directory's)
+    const std::string z = read_all(pieces);
+    const auto u = [&](size_t at, int n) {
+      uint64_t v = 0;
+      for (int i = n - 1; i >= 0; --i) v = v << 8 | uint8_t(z[at + size_t(i)]);
+      return v;
+    };
+    int records = 0;
+    for (size_t at = 0; at + 30 <= z.size() && u(at, 4) == 0x04034b50; ++records) {
+      const size_t n = u(at + 18, 4), data = at + 30 + u(at + 26, 2) + u(at + 28, 2);
+      ASSERT_LE(data + n, z.size());
+      EXPECT_EQ(u(at + 14, 4), crc32_of(z.data() + data, n)) << "record " << records;
+      at = data + n;
+    }
+    EXPECT_EQ(records, 3);
+  }
+  {
+    const MappedFile m(pieces);
+    const ZipReader z(m);
+    EXPECT_NO_THROW(z.verify_crcs());
+    EXPECT_EQ(z.entry("archive/data/0").crc, crc32_of(data.data(), data.size()));
+  }
+  for (int how : {2, 3}) {  // declared one byte more, one less
+    const std::string bad = tmp_path("bad.zip");
+    EXPECT_THROW(write(bad, how), Error) << how;
+    struct stat st;
+    EXPECT_NE(stat(bad.c_str(), &st), 0) << how;
+    EXPECT_NE(stat((bad + ".tmp." + std::to_string(getpid())).c_str(), &st), 0) << how;
+  }
+  std::remove(whole.c_str());
+  std::remove(pieces.c_str());
 }
 
 class CheckpointRoundTrip : public ::testing::TestWithParam<DType> {};
@@ -280,8 +352,11 @@ INSTANTIATE_TEST_SUITE_P(DTypes, CheckpointRoundTrip, ::testing::Values(DType::f
 std::string one_tensor_file(const std::string& name, int64_t numel, TensorRef view_patch,
                             bool patch = true) {
   PtWriter w;
-  TensorRef t = w.add_storage("FloatStorage", numel, [=](uint8_t* b) {
-    for (int64_t i = 0; i < numel; ++i) reinterpret_cast<float*>(b)[i] = float(i);
+  TensorRef t = w.add_storage("FloatStorage", numel, [=](const ByteSink& emit) {
+    for (int64_t i = 0; i < numel; ++i) {
+      const float x = float(i);
+      emit(&x, 4);
+    }
   });
   TensorRef v = full_view(t, {numel});
   if (patch) {

@@ -135,12 +135,10 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
   MemoryPlan plan = cuda ? MemoryPlan{0, 0, 0, 0} : plan_on(cpu_ops());
   // + what init and the checkpoint writer hold on the host (one after the other): init a
   // layer's q, k, v and their fused rows (2 x QKV x C fp32) or pieces of a tensor (at most
-  // two in fp32 and one in bf16, --init-from's); the writer a record in the file's dtype and
-  // a piece
+  // two in fp32 and one in bf16, --init-from's); the writer a piece (each tensor is encoded
+  // and written into the file piece by piece)
   const double piece = 10.0 * double(std::max({kInitPiece, kEncodePiece, kLoadPiece}));
-  const double init = std::max(2.0 * c.qkv_rows() * c.C * 4, piece);
-  const double save = double(std::max(c.V * c.C, c.qkv_rows() * c.C)) * dtype_size(dtype) + piece;
-  const double buffers = std::max(init, save);
+  const double buffers = std::max(2.0 * c.qkv_rows() * c.C * 4, piece);
   const auto refuse = [&](double need, double have, const char* where) {
     char msg[320];
     std::snprintf(msg, sizeof msg,
@@ -364,7 +362,7 @@ int check(const CheckArgs& a) {
         {{"logits",
           "F32",
           {T, c.V},
-          [&](uint8_t* out) { std::memcpy(out, logits.data(), logits.size() * sizeof(float)); }}},
+          [&](const ByteSink& emit) { emit(logits.data(), logits.size() * sizeof(float)); }}},
         {{"format", "pt"}});
     std::printf("logits: %s\n", a.save_logits.c_str());
   }

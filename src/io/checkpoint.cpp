@@ -13,8 +13,7 @@ namespace tq {
 
 // ------------------------------------------------------------------ writing
 
-TensorRef PtWriter::add_storage(const std::string& storage, int64_t numel,
-                                std::function<void(uint8_t*)> fill) {
+TensorRef PtWriter::add_storage(const std::string& storage, int64_t numel, Fill fill) {
   TensorRef t;
   t.key = std::to_string(storages_.size());
   t.storage = storage;
@@ -29,12 +28,8 @@ void PtWriter::save(const std::string& path, const Value& root) {
   const std::string pkl = pickle_dumps(root);
   zip.add("archive/data.pkl", pkl.data(), pkl.size());
   zip.add("archive/byteorder", "little", 6);
-  std::vector<uint8_t> buf;
-  for (const Pending& s : storages_) {
-    buf.resize(size_t(s.numel) * storage_element_size(s.storage));
-    s.fill(buf.data());
-    zip.add("archive/data/" + s.key, buf.data(), buf.size());
-  }
+  for (const Pending& s : storages_)
+    zip.add("archive/data/" + s.key, uint64_t(s.numel) * storage_element_size(s.storage), s.fill);
   zip.add("archive/version", "3\n", 2);
   zip.finish();
   f.commit();
@@ -100,18 +95,25 @@ ParamReader arena_reader(const float* params) {
   return [params](size_t off, size_t n, float* out) { std::memcpy(out, params + off, n * 4); };
 }
 
-void encode_entry(uint8_t* out, const Config& c, const StateEntry& e, const ParamReader& read,
-                  DType dtype) {
+void encode_entry(const ByteSink& emit, const Config& c, const StateEntry& e,
+                  const ParamReader& read, DType dtype) {
   size_t n = 0;
   for (const ArenaRun& r : entry_runs(c, e)) n = std::max(n, r.n);
   n = std::min(n, kEncodePiece);
+  const size_t es = dtype_size(dtype);
   std::unique_ptr<float[]> tmp(new float[n]);
-  for (const ArenaRun& r : entry_runs(c, e))
-    for (size_t i = 0, m; i < r.n; i += m) {  // by pieces: no fp32 copy of a whole tensor
+  std::unique_ptr<uint8_t[]> bytes(new uint8_t[n * es]);
+  size_t dense = 0;
+  for (const ArenaRun& r : entry_runs(c, e)) {
+    if (r.dense != dense) throw Error("internal: " + e.key + "'s runs are out of order");
+    for (size_t i = 0, m; i < r.n; i += m) {  // by pieces: no copy of a whole tensor
       m = std::min(r.n - i, kEncodePiece);
       read(r.arena + i, m, tmp.get());
-      encode(out + (r.dense + i) * dtype_size(dtype), tmp.get(), int64_t(m), dtype);
+      encode(bytes.get(), tmp.get(), int64_t(m), dtype);
+      emit(bytes.get(), m * es);
     }
+    dense += r.n;
+  }
 }
 
 ValuePtr state_dict(PtWriter& w, const Config& c, const ParamLayout& p, const ParamReader& read,
@@ -126,8 +128,8 @@ ValuePtr state_dict(PtWriter& w, const Config& c, const ParamLayout& p, const Pa
       dict_set(*sd, e.key, v_tensor(full_view(emb, e.shape)));
       continue;
     }
-    TensorRef t =
-        w.add_storage(cls, n, [=, &c](uint8_t* b) { encode_entry(b, c, e, read, dtype); });
+    TensorRef t = w.add_storage(
+        cls, n, [=, &c](const ByteSink& emit) { encode_entry(emit, c, e, read, dtype); });
     if (e.key == "tok_embeddings.weight") emb = t;
     dict_set(*sd, e.key, v_tensor(full_view(t, e.shape)));
   }

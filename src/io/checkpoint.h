@@ -21,16 +21,16 @@ constexpr const char* kCheckpointFormat = "tiny-qwen3/1";
 // Low level: collects storages, then writes data.pkl and one record per storage.
 class PtWriter {
  public:
-  // A storage of numel elements of `storage` class; fill(buf) writes its bytes when saved.
-  TensorRef add_storage(const std::string& storage, int64_t numel,
-                        std::function<void(uint8_t*)> fill);
+  // A storage of numel elements of `storage` class; fill emits its bytes, in order, when saved
+  // (each piece written as it comes: no copy of a whole tensor is held).
+  TensorRef add_storage(const std::string& storage, int64_t numel, Fill fill);
   void save(const std::string& path, const Value& root);  // atomic
 
  private:
   struct Pending {
     std::string key, storage;
     int64_t numel;
-    std::function<void(uint8_t*)> fill;
+    Fill fill;
   };
   std::vector<Pending> storages_;
 };
@@ -66,11 +66,11 @@ std::vector<ArenaRun> entry_runs(const Config& cfg, const StateEntry& e);
 // Reads arena elements [off, off+n) as fp32 into out; called while the file is written,
 // one tensor at a time, so no full copy of the model is needed.
 using ParamReader = std::function<void(size_t off, size_t n, float* out)>;
-// Entry e's dense tensor, read from the arena (by pieces of at most kEncodePiece values) and
-// encoded in dtype, into out.
+// Entry e's dense tensor, read from the arena by pieces of at most kEncodePiece values,
+// encoded in dtype and emitted piece by piece, in order.
 constexpr size_t kEncodePiece = size_t(1) << 22;
-void encode_entry(uint8_t* out, const Config& cfg, const StateEntry& e, const ParamReader& read,
-                  DType dtype);
+void encode_entry(const ByteSink& emit, const Config& cfg, const StateEntry& e,
+                  const ParamReader& read, DType dtype);
 // The state dict of the parameters (arena in make_layout order) in the given dtype.
 ValuePtr state_dict(PtWriter& w, const Config& cfg, const ParamLayout& layout,
                     const ParamReader& read, DType dtype);

@@ -92,8 +92,9 @@ void export_hf(const std::string& dir, const Config& c, const ParamReader& read,
   std::vector<StOutTensor> tensors;
   for (const StateEntry& e : state_dict_entries(c, make_layout(c))) {
     if (e.tied_copy) continue;  // Hugging Face omits lm_head.weight when tied
-    tensors.push_back({hf_name(e.key), bf16 ? "BF16" : "F32", e.shape,
-                       [=, &c, &read](uint8_t* out) { encode_entry(out, c, e, read, dtype); }});
+    tensors.push_back(
+        {hf_name(e.key), bf16 ? "BF16" : "F32", e.shape,
+         [=, &c, &read](const ByteSink& emit) { encode_entry(emit, c, e, read, dtype); }});
   }
   // All three written and synced under temporary names before any is renamed, config.json
   // last: an interrupted export leaves no file of its own, and a folder whose config.json

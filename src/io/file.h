@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 
 namespace tq {
@@ -24,12 +25,20 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// A tensor's or record's bytes, produced in order by pieces: fill(emit) calls emit(p, n) for
+// each piece, which the writer writes as it comes (no copy of the whole is held).
+using ByteSink = std::function<void(const void*, size_t)>;
+using Fill = std::function<void(const ByteSink&)>;
+
 // While open, the temporary's name is also listed for remove_temporaries().
 class AtomicFile {
  public:
   explicit AtomicFile(const std::string& path);  // opens path + ".tmp.<pid>"
   ~AtomicFile();                                 // removes the temporary unless committed
   void write(const void* p, size_t n);           // Error on a short write (disk full)
+  // Overwrites n bytes written earlier at offset `at` (a zip record's CRC-32, known only once
+  // its data is written); the next write appends as before.
+  void patch(uint64_t at, const void* p, size_t n);
   uint64_t offset() const { return offset_; }
   void sync();    // flush and fsync the temporary (still listed, not yet renamed)
   void commit();  // sync, rename over path, fsync the folder

@@ -199,11 +199,18 @@ void write_safetensors(AtomicFile& f, std::vector<StOutTensor> tensors,
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(h.size()) >> (8 * i));
   f.write(len, 8);
   f.write(h.data(), h.size());
-  std::vector<uint8_t> buf;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    buf.assign(sizes[i], 0);
-    tensors[i].fill(buf.data());
-    f.write(buf.data(), buf.size());
+    uint64_t done = 0;
+    tensors[i].fill([&](const void* p, size_t m) {
+      if (m > sizes[i] - done)
+        throw Error("internal: safetensors tensor " + tensors[i].name + " has more than its " +
+                    std::to_string(sizes[i]) + " bytes");
+      f.write(p, m);
+      done += m;
+    });
+    if (done != sizes[i])
+      throw Error("internal: safetensors tensor " + tensors[i].name + " has " +
+                  std::to_string(done) + " of its " + std::to_string(sizes[i]) + " bytes");
   }
 }
 

@@ -44,7 +44,7 @@ bool looks_like_safetensors(const uint8_t* data, size_t size);
 struct StOutTensor {
   std::string name, dtype;
   std::vector<int64_t> shape;
-  std::function<void(uint8_t*)> fill;  // writes the tensor's bytes when saved
+  Fill fill;  // emits the tensor's bytes, in order, when saved (written as they come)
 };
 // Writes atomically, in the reference writer's order (element size descending, then name)
 // with the header padded to 8 bytes so every tensor is naturally aligned.

@@ -28,20 +28,27 @@ uint64_t rd(const uint8_t* p, int n) {
 
 }  // namespace
 
-uint32_t crc32_of(const void* data, uint64_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
+// crc (of the bytes before) continued over n more
+static uint32_t crc32_more(uint32_t crc, const void* data, uint64_t n) {
+  uLong c = crc;
   const Bytef* p = static_cast<const Bytef*>(data);
   while (n > 0) {
     const uInt chunk = static_cast<uInt>(std::min<uint64_t>(n, 1u << 30));
-    crc = crc32(crc, p, chunk);
+    c = crc32(c, p, chunk);
     p += chunk, n -= chunk;
   }
-  return static_cast<uint32_t>(crc);
+  return static_cast<uint32_t>(c);
+}
+uint32_t crc32_of(const void* data, uint64_t n) {
+  return crc32_more(0, data, n);
 }
 
 void ZipWriter::add(const std::string& name, const void* data, uint64_t n) {
+  add(name, n, [&](const ByteSink& emit) { emit(data, n); });
+}
+
+void ZipWriter::add(const std::string& name, uint64_t n, const Fill& fill) {
   const uint64_t off = out_.offset();
-  const uint32_t crc = crc32_of(data, n);
   const bool z64 = n >= kMax32;
   Bytes h;
   h.u32(0x04034b50);
@@ -49,7 +56,7 @@ void ZipWriter::add(const std::string& name, const void* data, uint64_t n) {
   h.u16(0);               // flags
   h.u16(0);               // stored
   h.u16(0), h.u16(0x21);  // time, date 1980-01-01
-  h.u32(crc);
+  h.u32(0);               // CRC-32: patched below
   h.u32(z64 ? kMax32 : n);
   h.u32(z64 ? kMax32 : n);
   h.u16(uint32_t(name.size()));
@@ -60,7 +67,22 @@ void ZipWriter::add(const std::string& name, const void* data, uint64_t n) {
   if (z64) h.u16(1), h.u16(16), h.u64(n), h.u64(n);
   h.u16(0x4246), h.u16(pad), h.str(std::string(pad, 'Z'));  // torch's alignment field
   out_.write(h.b.data(), h.b.size());
-  out_.write(data, n);
+  uint32_t crc = 0;
+  uint64_t done = 0;
+  fill([&](const void* p, size_t m) {
+    if (m > n - done)
+      throw Error("internal: zip record " + name + " has more than its " + std::to_string(n) +
+                  " bytes");
+    crc = crc32_more(crc, p, m);
+    out_.write(p, m);
+    done += m;
+  });
+  if (done != n)
+    throw Error("internal: zip record " + name + " has " + std::to_string(done) + " of its " +
+                std::to_string(n) + " bytes");
+  Bytes c;
+  c.u32(crc);
+  out_.patch(off + 14, c.b.data(), 4);
   entries_.push_back({name, crc, n, off});
 }
 

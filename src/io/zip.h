@@ -14,6 +14,10 @@ class ZipWriter {
  public:
   explicit ZipWriter(AtomicFile& out) : out_(out) {}
   void add(const std::string& name, const void* data, uint64_t n);  // one stored entry
+  // The same from n bytes that fill emits by pieces, each written as it comes: no copy of the
+  // whole record is held (its CRC-32 is patched into the header after). Error if fill emits
+  // other than n bytes.
+  void add(const std::string& name, uint64_t n, const Fill& fill);
   void finish();  // central directory and end records
 
  private:
