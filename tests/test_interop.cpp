@@ -96,6 +96,17 @@ TEST(Safetensors, WritesAlignedSortedFilesAndReadsThemBack) {
   EXPECT_EQ(f.find("empty")->begin, f.find("empty")->end);
   EXPECT_EQ(f.find("missing"), nullptr);
   std::remove(path.c_str());
+  // a tensor whose fill emits other than its size: an error, and no file
+  for (size_t n : {size_t(12), size_t(20)}) {
+    const std::string bad = tmp("bad.safetensors");
+    std::vector<StOutTensor> b;
+    b.push_back({"f32", "F32", {2, 2}, [n](const ByteSink& emit) {
+                   const float v[5] = {1, 2, 3, 4, 5};
+                   emit(v, n);
+                 }});
+    EXPECT_THROW(save_safetensors(bad, b, {}), Error) << n;
+    EXPECT_FALSE(std::ifstream(bad).good()) << n;
+  }
 }
 
 TEST(Safetensors, RejectsHostileHeaders) {
