@@ -101,7 +101,8 @@ void AtomicFile::write(const void* p, size_t n) {
   offset_ += n;
 }
 void AtomicFile::patch(uint64_t at, const void* p, size_t n) {
-  if (at + n > offset_) throw Error("internal: patching " + tmp_ + " past what was written");
+  if (!f_ || at + n > offset_)
+    throw Error("internal: patching " + tmp_ + (f_ ? " past what was written" : " after its sync"));
   if (fseeko(f_, off_t(at), SEEK_SET) != 0 || std::fwrite(p, 1, n, f_) != n ||
       fseeko(f_, 0, SEEK_END) != 0)
     throw Error("writing " + tmp_ + " failed: " + std::strerror(errno) + " (disk full?)");
