@@ -394,29 +394,14 @@ int export_model(const ExportArgs& a) {
   const ModelFile mf = open_model_file(a.path);
   const Config& c = resolve_preset(mf, a.preset);
   const DType dtype = a.dtype.empty() ? mf.dtype.value_or(DType::f32) : parse_dtype(a.dtype);
-  const ParamLayout layout = make_layout(c);
-  // held in the export dtype: a bf16 export of a large preset needs half the memory
-  std::vector<float> f32;
-  std::vector<uint16_t> b16;
-  (dtype == DType::f32 ? f32.resize(layout.total) : b16.resize(layout.total));
-  load_params(mf, c, [&](size_t off, const float* x, size_t n) {
-    if (dtype == DType::f32)
-      std::memcpy(f32.data() + off, x, n * sizeof(float));
-    else
-      for (size_t i = 0; i < n; ++i) b16[off + i] = f32_to_bf16(x[i]);
-  });
-  const ParamReader read = [&](size_t off, size_t n, float* out) {
-    if (dtype == DType::f32)
-      std::memcpy(out, f32.data() + off, n * sizeof(float));
-    else
-      for (size_t i = 0; i < n; ++i) out[i] = bf16_to_f32(b16[off + i]);
-  };
+  // each tensor read from the source by pieces as it is written: no copy of the model is held
+  const ParamReader read = source_reader(mf, c);
   if (a.format == "hf")
     export_hf(a.out, c, read, dtype, mf.record ? &*mf.record : nullptr);
   else
     export_pt(a.out, c, read, dtype);
   std::printf("exported %s (%s, %s parameters) from %s to %s\n", c.name.c_str(), dtype_name(dtype),
-              with_commas(int64_t(layout.total)).c_str(), mf.kind.c_str(), a.out.c_str());
+              with_commas(int64_t(make_layout(c).total)).c_str(), mf.kind.c_str(), a.out.c_str());
   return 0;
 }
 

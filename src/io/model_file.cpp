@@ -2,11 +2,14 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "io/safetensors.h"
@@ -528,20 +531,21 @@ std::vector<float> SourceTensor::read_all() const {
   return x;
 }
 
-void load_params(const ModelFile& mf, const Config& c, const ParamSink& sink) {
+namespace {
+// Arena elements [arena, arena + n) are t's dense elements [dense, dense + n).
+struct SourceRun {
+  size_t arena;
+  const SourceTensor* t;
+  size_t dense, n;
+};
+// Where every parameter comes from in mf, in state-dict order; a separate lm_head of a tied
+// preset is checked against the embedding (read by pieces) and left out.
+std::vector<SourceRun> source_runs(const ModelFile& mf, const Config& c) {
   const auto m = checked_keys(mf, c);
   const ParamLayout layout = make_layout(c);
   std::set<std::string> fused_done;
   std::vector<float> x, y;  // a piece of a tensor: never a whole one (an 8B embedding is 2.5 GB)
-  // dense elements [dense, dense + n) of t to the arena at `arena`, by pieces
-  const auto copy = [&](const SourceTensor& t, size_t dense, size_t arena, size_t n) {
-    for (size_t i = 0, k; i < n; i += k) {
-      k = std::min(n - i, kLoadPiece);
-      x.resize(k);
-      t.read(dense + i, k, x.data());
-      sink(arena + i, x.data(), k);
-    }
-  };
+  std::vector<SourceRun> runs;
   for (const StateEntry& e : state_dict_entries(c, layout)) {
     const SourceTensor* t = get(m, e.key);
     if (e.tied_copy) {  // stored apart from the embedding: it must equal it
@@ -562,11 +566,44 @@ void load_params(const ModelFile& mf, const Config& c, const ParamSink& sink) {
       const std::string key = e.key.substr(0, e.key.find("attention.")) + kFused;
       if (!fused_done.insert(key).second) continue;
       const SourceTensor* f = get(m, key);
-      copy(*f, 0, e.offset, f->numel());
+      runs.push_back({e.offset, f, 0, f->numel()});
       continue;
     }
-    for (const ArenaRun& r : entry_runs(c, e)) copy(*t, r.dense, r.arena, r.n);
+    for (const ArenaRun& r : entry_runs(c, e)) runs.push_back({r.arena, t, r.dense, r.n});
   }
+  return runs;
+}
+}  // namespace
+
+void load_params(const ModelFile& mf, const Config& c, const ParamSink& sink) {
+  std::vector<float> x;
+  for (const SourceRun& r : source_runs(mf, c))
+    for (size_t i = 0, k; i < r.n; i += k) {  // by pieces
+      k = std::min(r.n - i, kLoadPiece);
+      x.resize(k);
+      r.t->read(r.dense + i, k, x.data());
+      sink(r.arena + i, x.data(), k);
+    }
+}
+
+ParamReader source_reader(const ModelFile& mf, const Config& c) {
+  std::vector<SourceRun> sorted = source_runs(mf, c);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const SourceRun& a, const SourceRun& b) { return a.arena < b.arena; });
+  auto runs = std::make_shared<const std::vector<SourceRun>>(std::move(sorted));
+  return [runs, path = mf.path](size_t off, size_t n, float* out) {
+    auto it = std::upper_bound(runs->begin(), runs->end(), off,
+                               [](size_t o, const SourceRun& r) { return o < r.arena; });
+    while (n > 0) {
+      if (it == runs->begin() || off >= std::prev(it)->arena + std::prev(it)->n)
+        throw Error("internal: arena element " + std::to_string(off) + " has no source in " + path);
+      const SourceRun& r = *std::prev(it);
+      const size_t k = std::min(n, r.arena + r.n - off);
+      r.t->read(r.dense + (off - r.arena), k, out);
+      off += k, out += k, n -= k;
+      ++it;
+    }
+  };
 }
 
 std::string hf_name(const std::string& k) {

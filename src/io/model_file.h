@@ -53,6 +53,10 @@ void check_model_file(const ModelFile& mf, const Config& cfg);
 
 // Streams every parameter as fp32 into sink, in make_layout(cfg) arena offsets.
 void load_params(const ModelFile& mf, const Config& cfg, const ParamSink& sink);
+// The same values read where they lie: arena elements [off, off + n) straight from mf's
+// tensors (checked as load_params checks), so that a writer converts a file tensor by tensor
+// without holding the model (export). mf must outlive it.
+ParamReader source_reader(const ModelFile& mf, const Config& cfg);
 
 // Hugging Face Qwen3ForCausalLM name of a TorchTitan state-dict key (spec §8).
 std::string hf_name(const std::string& titan_key);
