@@ -100,6 +100,20 @@ void AtomicFile::write(const void* p, size_t n) {
     throw Error("writing " + tmp_ + " failed: " + std::strerror(errno) + " (disk full?)");
   offset_ += n;
 }
+void AtomicFile::write_fill(uint64_t n, const Fill& fill, const std::string& what,
+                            const ByteSink& seen) {
+  uint64_t done = 0;
+  fill([&](const void* p, size_t m) {
+    if (m > n - done)
+      throw Error("internal: " + what + " has more than its " + std::to_string(n) + " bytes");
+    if (seen) seen(p, m);
+    write(p, m);
+    done += m;
+  });
+  if (done != n)
+    throw Error("internal: " + what + " has " + std::to_string(done) + " of its " +
+                std::to_string(n) + " bytes");
+}
 void AtomicFile::patch(uint64_t at, const void* p, size_t n) {
   if (!f_ || at + n > offset_)
     throw Error("internal: patching " + tmp_ + (f_ ? " past what was written" : " after its sync"));

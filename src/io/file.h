@@ -36,6 +36,10 @@ class AtomicFile {
   explicit AtomicFile(const std::string& path);  // opens path + ".tmp.<pid>"
   ~AtomicFile();                                 // removes the temporary unless committed
   void write(const void* p, size_t n);           // Error on a short write (disk full)
+  // Writes the n bytes that fill emits, each piece as it comes (seen, if set, is shown each
+  // piece first); Error naming `what` if fill emits other than n bytes.
+  void write_fill(uint64_t n, const Fill& fill, const std::string& what,
+                  const ByteSink& seen = nullptr);
   // Overwrites n bytes written earlier at offset `at` (a zip record's CRC-32, known only once
   // its data is written); the next write appends as before.
   void patch(uint64_t at, const void* p, size_t n);

@@ -199,19 +199,8 @@ void write_safetensors(AtomicFile& f, std::vector<StOutTensor> tensors,
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(h.size()) >> (8 * i));
   f.write(len, 8);
   f.write(h.data(), h.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    uint64_t done = 0;
-    tensors[i].fill([&](const void* p, size_t m) {
-      if (m > sizes[i] - done)
-        throw Error("internal: safetensors tensor " + tensors[i].name + " has more than its " +
-                    std::to_string(sizes[i]) + " bytes");
-      f.write(p, m);
-      done += m;
-    });
-    if (done != sizes[i])
-      throw Error("internal: safetensors tensor " + tensors[i].name + " has " +
-                  std::to_string(done) + " of its " + std::to_string(sizes[i]) + " bytes");
-  }
+  for (size_t i = 0; i < tensors.size(); ++i)
+    f.write_fill(sizes[i], tensors[i].fill, "safetensors tensor " + tensors[i].name);
 }
 
 }  // namespace tq

@@ -68,18 +68,8 @@ void ZipWriter::add(const std::string& name, uint64_t n, const Fill& fill) {
   h.u16(0x4246), h.u16(pad), h.str(std::string(pad, 'Z'));  // torch's alignment field
   out_.write(h.b.data(), h.b.size());
   uint32_t crc = 0;
-  uint64_t done = 0;
-  fill([&](const void* p, size_t m) {
-    if (m > n - done)
-      throw Error("internal: zip record " + name + " has more than its " + std::to_string(n) +
-                  " bytes");
-    crc = crc32_more(crc, p, m);
-    out_.write(p, m);
-    done += m;
-  });
-  if (done != n)
-    throw Error("internal: zip record " + name + " has " + std::to_string(done) + " of its " +
-                std::to_string(n) + " bytes");
+  out_.write_fill(n, fill, "zip record " + name,
+                  [&](const void* p, size_t m) { crc = crc32_more(crc, p, m); });
   Bytes c;
   c.u32(crc);
   out_.patch(off + 14, c.b.data(), 4);
