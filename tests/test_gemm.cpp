@@ -364,6 +364,63 @@ TEST(Gemm, FusedDxAndSgdStepAreTheTwoProducts) {
   }
 }
 
+// Where oneDNN takes the fp32 dx of many tokens (cpu::library_dx): gemm_f32_dx_sgd's dx is the
+// product within the bound of any fp32 order and repeats bit for bit at a thread count, and its
+// SGD step is our kernels' bit for bit (it reads W before the step). At fewer tokens than
+// kLibraryDxRows, our fused kernels: the bits of the two products.
+TEST(Gemm, LibraryDxIsTheProductAndTheSgdStepOurs) {
+  if (!cpu::own_kernels() || !cpu::library_dx())
+    GTEST_SKIP() << "oneDNN's sgemm not in use here (" << cpu::kernels_name()
+                 << "): fp32 dx on our kernels";
+  const cpu::GemmSet* set = cpu::gemm_set(cpu::Isa::avx512);
+  ASSERT_NE(set, nullptr);
+  uint32_t seed = 900;
+  const Case cases[] = {{cpu::kLibraryDxRows, 256, 1024},
+                        {300, 1030, 200},
+                        {1000, 64, 1500},
+                        {2048, 256, 3072},
+                        {cpu::kLibraryDxRows - 1, 256, 300}};
+  for (const Case& c : cases) {  // M tokens, N = OC, K = IC
+    const int64_t M = c.M, OC = c.N, IC = c.K;
+    const Operand dout = make(M, OC, Layout::kcontig, false, false, seed++);
+    const Operand xT = make(IC, M, Layout::rcontig, false, false, seed++);
+    const cpu::View dT{dout.view.p, false, 1, OC};
+    const std::vector<double> w0 = test::randn(size_t(OC * IC), seed++);
+    std::vector<float> W(w0.begin(), w0.end()), dx(size_t(M * IC), 1e30f);
+    set->f32(M, IC, OC, dout.view, {W.data(), false, 1, IC}, dx.data(), IC, false, 1.0f,
+             cpu::Store::f32);
+    set->f32(OC, IC, M, dT, xT.view, W.data(), IC, true, -0.01f, cpu::Store::f32);
+    const std::string what =
+        "M=" + std::to_string(M) + " OC=" + std::to_string(OC) + " IC=" + std::to_string(IC);
+    std::vector<float> first;
+    for (int run = 0; run < 2; ++run) {
+      std::vector<float> W2(w0.begin(), w0.end()), dx2(dx.size(), 1e30f);
+      cpu::gemm_f32_dx_sgd(M, OC, IC, static_cast<const float*>(dout.view.p),
+                           static_cast<const float*>(xT.view.p), W2.data(), dx2.data(), 0.01f);
+      ASSERT_EQ(W2, W) << what << ": the SGD step";
+      if (M < cpu::kLibraryDxRows) {
+        ASSERT_EQ(dx2, dx) << what << ": our fused kernels";
+        break;
+      }
+      if (run == 1) {
+        ASSERT_EQ(dx2, first) << what << ": dx differs between two runs";
+        break;
+      }
+      first = dx2;
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t i = 0; i < IC; ++i) {
+          double want = 0, mag = 0;
+          for (int64_t o = 0; o < OC; ++o) {
+            const double p = dout.val[size_t(m * OC + o)] * w0[size_t(o * IC + i)];
+            want += p, mag += std::fabs(p);
+          }
+          ASSERT_NEAR(dx2[size_t(m * IC + i)], want, double(OC + 2) * 6e-8 * mag + 1e-30)
+              << what << ": dx at (" << m << ", " << i << ")";
+        }
+    }
+  }
+}
+
 // A thread done with its band takes rows of another band's last block (with that band's
 // packed B): more threads than cores (descheduled threads finish late, so others take their
 // rows) must give the bits of one thread, on every kind of block. Split by rows (one block;

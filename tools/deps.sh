@@ -4,7 +4,7 @@
 # clang-format),
 # `deps.sh --bench` those and what the benchmarks use (bc, BLIS for PyTorch).
 set -euo pipefail
-pkgs=(g++ cmake make libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev zlib1g-dev)
+pkgs=(g++ cmake make libopenblas-openmp-dev libdnnl2 libcli11-dev nlohmann-json3-dev zlib1g-dev)
 case "${1:-}" in
   --test) pkgs+=(libgtest-dev python3-torch clang-format) ;;
   --bench) pkgs+=(libgtest-dev python3-torch bc time libblis4-openmp) ;;

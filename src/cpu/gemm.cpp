@@ -1,11 +1,14 @@
 // Which kernel set the products run on: decided once from the CPU and TQ_CPU (gemm.h).
 #include "cpu/gemm.h"
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace tq::cpu {
 namespace {
@@ -48,6 +51,40 @@ const GemmSet* active() {
     return gemm_set(Isa::avx2);
   }();
   return set;
+}
+
+// oneDNN's sgemm (row-major, C = alpha op(A) op(B) + beta C; dnnl_sgemm of oneDNN 2 and 3),
+// loaded at run time: the binary links no oneDNN, and runs where none is installed (the
+// Debian 13 root of the torch 2.x checks, the GPU machine).
+using DnnlSgemm = int (*)(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
+                          const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                          float* C, int64_t ldc);
+struct Library {
+  DnnlSgemm sgemm = nullptr;
+  std::string name;  // for the device line
+};
+const Library& library() {
+  static const Library lib = [] {
+    Library l;
+    const char* e = std::getenv("TQ_DNNL");
+    // measured faster than our AVX-512 fp32 kernels only (bench/NOTES.md, stop 48)
+    if ((e && std::strcmp(e, "off") == 0) || !active() || std::strcmp(active()->name, "avx2") == 0)
+      return l;
+    for (const char* so : {"libdnnl.so.2", "libdnnl.so.3"}) {
+      void* h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+      if (!h) continue;
+      using Version = const int* (*)();  // dnnl_version_t*: major, minor, patch first
+      const auto version = reinterpret_cast<Version>(dlsym(h, "dnnl_version"));
+      if ((l.sgemm = reinterpret_cast<DnnlSgemm>(dlsym(h, "dnnl_sgemm")))) {
+        const int* v = version ? version() : nullptr;
+        l.name = v ? "oneDNN " + std::to_string(v[0]) + "." + std::to_string(v[1]) : "oneDNN";
+        break;
+      }
+      dlclose(h);
+    }
+    return l;
+  }();
+  return lib;
 }
 
 const long l1_bytes = sysconf(_SC_LEVEL1_DCACHE_SIZE), l1_ways = sysconf(_SC_LEVEL1_DCACHE_ASSOC);
@@ -124,11 +161,21 @@ bool own_kernels() {
   return active() != nullptr;
 }
 
+bool library_dx() {
+  return library().sgemm != nullptr;
+}
+
 const char* kernels_name() {
-  const GemmSet* s = active();
-  if (!s) return "OpenBLAS kernels";
-  if (std::strcmp(s->name, "avx512") == 0) return "avx512 kernels, avx2 for bf16";
-  return std::strcmp(s->name, "avx2") == 0 ? "avx2 kernels" : "avx512_bf16 kernels";
+  static const std::string name = [] {
+    const GemmSet* s = active();
+    if (!s) return std::string("OpenBLAS kernels");
+    std::string n = std::strcmp(s->name, "avx512") == 0 ? "avx512 kernels, avx2 for bf16"
+                    : std::strcmp(s->name, "avx2") == 0 ? "avx2 kernels"
+                                                        : "avx512_bf16 kernels";
+    if (library_dx()) n += ", " + library().name + " for fp32 dx";
+    return n;
+  }();
+  return name.c_str();
 }
 
 void gemm_f32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
@@ -150,6 +197,19 @@ void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W,
 void gemm_f32_dx_sgd(int64_t M, int64_t OC, int64_t IC, const float* dout, const float* x, float* W,
                      float* dx, float lr) {
   if (!active()) std::abort();
+  if (M >= kLibraryDxRows && library_dx()) {
+    const int status =
+        library().sgemm('N', 'N', M, IC, OC, 1.0f, dout, OC, W, IC, 0.0f, dx, IC);  // dx = dout W
+    if (status == 0) {  // then the SGD step, ours: W = fma(sum, -lr, W) over doutᵀ x
+      active()->f32(OC, IC, M, View{dout, false, 1, OC}, View{x, false, 1, IC}, W, IC, true, -lr,
+                    Store::f32);
+      return;
+    }
+    static std::atomic<bool> told{false};
+    if (!told.exchange(true))
+      std::fprintf(stderr, "warning: %s sgemm failed (status %d); fp32 dx on our kernels\n",
+                   library().name.c_str(), status);
+  }
   active()->f32_dx_sgd(M, OC, IC, dout, x, W, dx, lr);
 }
 

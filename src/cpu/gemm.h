@@ -6,9 +6,9 @@
 //         products summed into fp32: in pairs by vdpbf16ps on AVX-512 BF16 CPUs (k runs in
 //         pairs, an odd K padded with 0), else one FMA per product.
 // Every C element is summed in the same k order whatever the thread count, so results are
-// bit-for-bit reproducible on a given CPU. The products run on the best kernel set the CPU
-// has (avx512 > avx2), checked at run time; TQ_CPU=avx2 caps it at AVX2, TQ_CPU=generic
-// turns them off (then own_kernels() is false and callers take OpenBLAS).
+// bit-for-bit reproducible on a given CPU (but see library_dx below). The products run on the best
+// kernel set the CPU has (avx512 > avx2), checked at run time; TQ_CPU=avx2 caps it at AVX2,
+// TQ_CPU=generic turns them off (then own_kernels() is false and callers take OpenBLAS).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -129,7 +129,15 @@ void force_narrow_a_in_place(bool on);
 // The rule itself, for an L1d of l1_bytes in l1_ways ways (either <= 0: unknown, so false).
 bool narrow_fits_l1(int rows, int64_t panel_bytes, int64_t l1_bytes, int64_t l1_ways);
 
-bool own_kernels();          // the products below may be called (some set is usable)
+bool own_kernels();  // the products below may be called (some set is usable)
+// Whether gemm_f32_dx_sgd takes dx = dout W of at least kLibraryDxRows tokens from oneDNN's
+// sgemm: where the AVX-512 set is in use, oneDNN (libdnnl.so.2 or .3) is installed and TQ_DNNL
+// is not "off". Its packing reads dout in place and measured 5-15 % faster than our kernels
+// on the W2 dx shapes (a W2 fp32 step -2.7 %; bench/NOTES.md, stop 48). Those dx are then
+// reproducible bit for bit at a given thread count only (they sum by oneDNN's blocking); the
+// SGD step after them stays ours.
+constexpr int64_t kLibraryDxRows = 160;
+bool library_dx();
 const char* kernels_name();  // for the device line: "avx2 kernels", ..., "OpenBLAS kernels"
 
 // With accumulate and alpha != 1, each C element is fma(sum, alpha, C): one rounding.
