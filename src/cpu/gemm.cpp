@@ -66,6 +66,9 @@ struct Library {
 const Library& library() {
   static const Library lib = [] {
     Library l;
+#ifdef TQ_NO_DNNL
+    return l;
+#endif
     const char* e = std::getenv("TQ_DNNL");
     // measured faster than our AVX-512 fp32 kernels only (bench/NOTES.md, stop 48)
     if ((e && std::strcmp(e, "off") == 0) || !active() || std::strcmp(active()->name, "avx2") == 0)
