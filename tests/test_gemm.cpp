@@ -421,6 +421,51 @@ TEST(Gemm, LibraryDxIsTheProductAndTheSgdStepOurs) {
   }
 }
 
+// oneDNN's sgemm failing (a non-zero status, after writing some of dx): one warning line for the
+// process, then dx and the SGD step on our fused kernels, with their bits. Fed by a stand-in
+// sgemm, so it runs wherever the AVX-512 set does, oneDNN installed or not (the sanitizer build).
+TEST(Gemm, LibraryDxFailureFallsBackToOurKernels) {
+  const cpu::GemmSet* set = cpu::gemm_set(cpu::Isa::avx512);
+  const std::string kernels = cpu::kernels_name();
+  if (!cpu::own_kernels() || !set || kernels.rfind("avx512", 0) != 0)
+    GTEST_SKIP() << "the AVX-512 set is not in use here (" << kernels << "): no library dx";
+  static int failed = 0;
+  const cpu::Sgemm failing = [](char, char, int64_t M, int64_t N, int64_t, float, const float*,
+                                int64_t, const float*, int64_t, float, float* C,
+                                int64_t ldc) -> int {
+    ++failed;
+    for (int64_t m = 0; m < M; m += 7) C[m * ldc + m % N] = std::nanf("");
+    return 3;
+  };
+  const cpu::Sgemm before = cpu::swap_library_sgemm(failing);
+  uint32_t seed = 950;
+  std::string warnings;
+  const Case cases[] = {{cpu::kLibraryDxRows, 256, 1024}, {300, 1030, 200}};
+  for (const Case& c : cases) {  // M tokens, N = OC, K = IC
+    const int64_t M = c.M, OC = c.N, IC = c.K;
+    const Operand dout = make(M, OC, Layout::kcontig, false, false, seed++);
+    const Operand xT = make(IC, M, Layout::rcontig, false, false, seed++);
+    const auto* d = static_cast<const float*>(dout.view.p);
+    const auto* x = static_cast<const float*>(xT.view.p);
+    const std::vector<double> w0 = test::randn(size_t(OC * IC), seed++);
+    std::vector<float> W(w0.begin(), w0.end()), dx(size_t(M * IC), 1e30f);
+    set->f32_dx_sgd(M, OC, IC, d, x, W.data(), dx.data(), 0.01f);
+    std::vector<float> W2(w0.begin(), w0.end()), dx2(dx.size(), 1e30f);
+    testing::internal::CaptureStderr();
+    cpu::gemm_f32_dx_sgd(M, OC, IC, d, x, W2.data(), dx2.data(), 0.01f);
+    warnings += testing::internal::GetCapturedStderr();
+    const std::string what = "M=" + std::to_string(M) + " OC=" + std::to_string(OC);
+    EXPECT_EQ(dx2, dx) << what << ": dx on our kernels";
+    EXPECT_EQ(W2, W) << what << ": the SGD step on our kernels";
+  }
+  cpu::swap_library_sgemm(before);
+  EXPECT_EQ(failed, 2);
+  EXPECT_EQ(std::count(warnings.begin(), warnings.end(), '\n'), 1) << warnings;
+  EXPECT_EQ(warnings.rfind("warning: ", 0), 0u) << warnings;
+  EXPECT_NE(warnings.find("sgemm failed (status 3); fp32 dx on our kernels"), std::string::npos)
+      << warnings;
+}
+
 // A thread done with its band takes rows of another band's last block (with that band's
 // packed B): more threads than cores (descheduled threads finish late, so others take their
 // rows) must give the bits of one thread, on every kind of block. Split by rows (one block;

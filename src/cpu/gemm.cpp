@@ -53,18 +53,15 @@ const GemmSet* active() {
   return set;
 }
 
-// oneDNN's sgemm (row-major, C = alpha op(A) op(B) + beta C; dnnl_sgemm of oneDNN 2 and 3),
-// loaded at run time: the binary links no oneDNN, and runs where none is installed (the
-// Debian 13 root of the torch 2.x checks, the GPU machine).
-using DnnlSgemm = int (*)(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
-                          const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-                          float* C, int64_t ldc);
+// oneDNN's sgemm (dnnl_sgemm of oneDNN 2 and 3), loaded at run time: the binary links no
+// oneDNN, and runs where none is installed (the Debian 13 root of the torch 2.x checks, the GPU
+// machine).
 struct Library {
-  DnnlSgemm sgemm = nullptr;
+  Sgemm sgemm = nullptr;
   std::string name;  // for the device line
 };
-const Library& library() {
-  static const Library lib = [] {
+Library& library() {  // (swap_library_sgemm replaces its sgemm for tests)
+  static Library lib = [] {
     Library l;
 #ifdef TQ_NO_DNNL
     return l;
@@ -78,7 +75,7 @@ const Library& library() {
       if (!h) continue;
       using Version = const int* (*)();  // dnnl_version_t*: major, minor, patch first
       const auto version = reinterpret_cast<Version>(dlsym(h, "dnnl_version"));
-      if ((l.sgemm = reinterpret_cast<DnnlSgemm>(dlsym(h, "dnnl_sgemm")))) {
+      if ((l.sgemm = reinterpret_cast<Sgemm>(dlsym(h, "dnnl_sgemm")))) {
         const int* v = version ? version() : nullptr;
         l.name = v ? "oneDNN " + std::to_string(v[0]) + "." + std::to_string(v[1]) : "oneDNN";
         break;
@@ -167,6 +164,11 @@ bool own_kernels() {
 bool library_dx() {
   return library().sgemm != nullptr;
 }
+Sgemm swap_library_sgemm(Sgemm fn) {
+  const Sgemm old = library().sgemm;
+  library().sgemm = fn;
+  return old;
+}
 
 const char* kernels_name() {
   static const std::string name = [] {
@@ -211,7 +213,7 @@ void gemm_f32_dx_sgd(int64_t M, int64_t OC, int64_t IC, const float* dout, const
     static std::atomic<bool> told{false};
     if (!told.exchange(true))
       std::fprintf(stderr, "warning: %s sgemm failed (status %d); fp32 dx on our kernels\n",
-                   library().name.c_str(), status);
+                   library().name.empty() ? "the library's" : library().name.c_str(), status);
   }
   active()->f32_dx_sgd(M, OC, IC, dout, x, W, dx, lr);
 }

@@ -138,6 +138,13 @@ bool own_kernels();  // the products below may be called (some set is usable)
 // SGD step after them stays ours.
 constexpr int64_t kLibraryDxRows = 160;
 bool library_dx();
+// Row-major C = alpha op(A) op(B) + beta C, 0 on success: dnnl_sgemm's signature.
+using Sgemm = int (*)(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                      float* C, int64_t ldc);
+// Tests: fn takes the library's place (nullptr: none); returns what was there. A failing fn
+// feeds gemm_f32_dx_sgd's fallback (one warning, then dx and the step on our kernels).
+Sgemm swap_library_sgemm(Sgemm fn);
 const char* kernels_name();  // for the device line: "avx2 kernels", ..., "OpenBLAS kernels"
 
 // With accumulate and alpha != 1, each C element is fma(sum, alpha, C): one rounding.
