@@ -934,3 +934,85 @@ TEST(Exp, WithinTwoUlpOfStdExp) {
   EXPECT_EQ(tq::cpu::exp_for_tests(100.0f), INFINITY);
   EXPECT_TRUE(std::isnan(tq::cpu::exp_for_tests(NAN)));
 }
+
+// The AVX-512 QK-norm + RoPE rows (attention_qkn_* at D = 128) against the generic row code,
+// bit for bit: rows, rstd, gradients and the norm weight's gradient, in both storages, rounded
+// or not, for row counts around its batches of 8, with rows at the edges of the range: zero,
+// subnormal, overflowing squares, an infinity, a NaN (a row's one NaN, so one payload).
+TEST(QkRows, Avx512RowsEqualTheGenericRows) {
+  using tq::f32_to_bf16;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t D = 128, R = 3 * D, N = 41;
+  std::vector<float> w(D), cs(size_t(N) * 64), sn(size_t(N) * 64), src(size_t(N) * D),
+      g(size_t(N) * D);
+  for (auto& v : w) v = 1.0f + 0.2f * nd(rng);
+  for (int64_t t = 0; t < N; ++t) {
+    for (int64_t e = 0; e < 64; ++e) {
+      const float a = float(t) * std::pow(1e4f, -float(e) / 64.0f);
+      cs[size_t(t * 64 + e)] = std::cos(a), sn[size_t(t * 64 + e)] = std::sin(a);
+    }
+    const int kind = int(t % 8);  // 0-2 plain rows of three scales, then the edges
+    const float scale = kind == 0   ? 1.0f
+                        : kind == 1 ? 1e-3f
+                        : kind == 2 ? 40.0f
+                        : kind == 3 ? 0.0f
+                        : kind == 4 ? 1e-42f
+                        : kind == 5 ? 3e30f
+                                    : 1.0f;
+    for (int64_t e = 0; e < D; ++e) {
+      src[size_t(t * D + e)] = nd(rng) * scale;
+      g[size_t(t * D + e)] = nd(rng) * (t % 5 == 4 ? 1e-40f : t % 5 == 3 ? 1e25f : 1.0f);
+    }
+    if (kind == 6) src[size_t(t * D + 5)] = INFINITY;
+    if (kind == 7) src[size_t(t * D + 70)] = NAN;
+    if (t == 13) g[size_t(t * D + 3)] = NAN;
+  }
+  bool ran = false;
+  for (const bool h16 : {false, true})
+    for (const bool rnd : {false, true}) {
+      if (h16 && !rnd) continue;  // bf16 storage: bf16 runs only
+      // the projection's rows, R apart (bf16 bits where h16), and the outputs of both ways
+      const size_t es = h16 ? 2 : 4;
+      std::vector<char> in(size_t(N * R) * es), o[2], d[2];
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t e = 0; e < D; ++e) {
+          const float v = src[size_t(t * D + e)];
+          if (h16) {
+            const uint16_t b = f32_to_bf16(v);
+            std::memcpy(in.data() + size_t(t * R + e) * 2, &b, 2);
+          } else {
+            const float f = rnd ? tq::round_bf16(v) : v;
+            std::memcpy(in.data() + size_t(t * R + e) * 4, &f, 4);
+          }
+        }
+      for (const int64_t n : {int64_t(1), int64_t(7), int64_t(8), int64_t(9), N}) {
+        std::vector<float> rs[2], dw[2];
+        for (int fast = 0; fast < 2; ++fast) {
+          o[fast].assign(size_t(n * D) * es, 0), d[fast].assign(size_t(n * R) * es, 0);
+          rs[fast].assign(size_t(n), 0.0f), dw[fast].assign(size_t(D), 0.25f);
+          if (!tq::cpu::qk_rows_for_tests(fast, h16, o[fast].data(), in.data(), R, rs[fast].data(),
+                                          true, w.data(), cs.data(), sn.data(), n, rnd))
+            GTEST_SKIP() << "no AVX-512 row code in this build (not built for AVX-512 BW)";
+          // the backward recomputes the rows from the saved rstd
+          std::vector<char> again(size_t(n * D) * es);
+          tq::cpu::qk_rows_for_tests(fast, h16, again.data(), in.data(), R, rs[fast].data(), false,
+                                     w.data(), cs.data(), sn.data(), n, rnd);
+          EXPECT_EQ(again, o[fast]) << "rows again from the saved rstd";
+          tq::cpu::qk_grads_for_tests(fast, h16, d[fast].data(), in.data(), R, g.data(),
+                                      rs[fast].data(), w.data(), cs.data(), sn.data(), n, rnd,
+                                      dw[fast].data());
+        }
+        ran = true;
+        const std::string at = std::string(h16   ? "bf16 storage"
+                                           : rnd ? "fp32, rounded"
+                                                 : "fp32") +
+                               ", " + std::to_string(n) + " rows";
+        EXPECT_EQ(0, std::memcmp(rs[0].data(), rs[1].data(), size_t(n) * 4)) << at << ": rstd";
+        EXPECT_EQ(o[0], o[1]) << at << ": rows";
+        EXPECT_EQ(d[0], d[1]) << at << ": gradients";
+        EXPECT_EQ(0, std::memcmp(dw[0].data(), dw[1].data(), size_t(D) * 4)) << at << ": dw";
+      }
+    }
+  EXPECT_TRUE(ran);
+}

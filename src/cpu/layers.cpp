@@ -15,6 +15,13 @@
 #include <type_traits>
 #include <vector>
 
+// GCC 12's AVX-512 headers trip -Wuninitialized on their own _mm512_undefined_* (GCC PR 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
 #include "core/common.h"
 #include "cpu/gemm.h"
 #include "cpu/vmath.h"
@@ -357,6 +364,149 @@ static inline void qk_row_backward(E* out, float* dw, const GE* gi, const E* in,
   rms_row_backward(out, dw, gr, in, r, w, D, rnd);
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// QK-norm + RoPE rows at D = 128 (every preset's head dimension) as attention_qkn_* asks for
+// them, held in registers. qk_row and qk_row_backward take a row through scratch rows pass by
+// pass, and one row at a time the chain of its sum of squares (or its backward's dot) did not
+// overlap the next row's: their dependent work filled the scheduler. Here a batch's sums come
+// first (rows, grads). The same operations in the same order (lane_sum's, the same FMAs): the
+// same bits, which the tests check against the generic rows. W2 step, the two ways alternating
+// by step in one process: bf16 -2.1 to -2.4 %, fp32 -0.4 to -1.7 % (bench/NOTES.md, stop 51).
+namespace qk512 {
+inline __m512i splat(uint32_t v) {
+  return _mm512_set1_epi32(int(v));
+}
+// f32_to_bf16's rounded word (before its shift) in 16 lanes
+inline __m512i rne(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, splat(0x7fffffffu)), splat(0x7f800000u));
+  const __m512i r = _mm512_add_epi32(
+      u, _mm512_add_epi32(splat(0x7fffu), _mm512_and_si512(_mm512_srli_epi32(u, 16), splat(1))));
+  return _mm512_mask_or_epi32(r, nan, u, splat(0x400000u));
+}
+inline __m512 round(__m512 x) {  // round_bf16
+  return _mm512_castsi512_ps(_mm512_and_si512(rne(x), splat(0xffff0000u)));
+}
+inline void store(uint16_t* p, __m512 x) {  // f32_to_bf16
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(rne(x), 16)));
+}
+// 16 activations as fp32, and stored back (as store_as: bf16 storage rounds, fp32 where rnd)
+inline __m512 widen(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 widen(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+inline void put(uint16_t* p, __m512 x, bool) {
+  store(p, x);
+}
+inline void put(float* p, __m512 x, bool rnd) {
+  _mm512_storeu_ps(p, rnd ? round(x) : x);
+}
+inline float hsum(__m512 acc) {  // lane_sum's adds across its 16 lanes
+  const __m256 s8 =
+      _mm256_add_ps(_mm512_castps512_ps256(acc),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+// rms_rstd of a row
+template <class E>
+inline float rstd(const E* in, double eps) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int k = 0; k < 8; ++k) acc = _mm512_fmadd_ps(widen(in + 16 * k), widen(in + 16 * k), acc);
+  return 1.0f / std::sqrt(hsum(acc) / 128.0f + float(eps));
+}
+// qk_row<E, 128> of row `in` (rstd r) into out
+template <class E>
+inline void row(E* out, const E* in, float r, const float* w, const float* c, const float* s,
+                bool rnd) {
+  const __m512 rv = _mm512_set1_ps(r);
+  __m512 y[8];
+  for (int k = 0; k < 8; ++k) {  // rms_apply, round_row
+    y[k] = _mm512_mul_ps(_mm512_mul_ps(widen(in + 16 * k), rv), _mm512_loadu_ps(w + 16 * k));
+    if (rnd) y[k] = round(y[k]);
+  }
+  for (int k = 0; k < 4; ++k) {  // rope_row (sign 1), stored
+    const __m512 cv = _mm512_loadu_ps(c + 16 * k), sv = _mm512_loadu_ps(s + 16 * k);
+    put(out + 16 * k, _mm512_fmsub_ps(y[k], cv, _mm512_mul_ps(y[k + 4], sv)), rnd);
+    put(out + 64 + 16 * k, _mm512_fmadd_ps(y[k + 4], cv, _mm512_mul_ps(y[k], sv)), rnd);
+  }
+}
+// qk_row_backward<E, 128, float> in two parts. First the gradient before the rotation
+// into gr [128] and rms_row_backward's dot (times r): g the rotated row's gradient, in the row.
+template <class E>
+inline float grad_dot(float* gr, const float* g, const E* in, float r, const float* w,
+                      const float* c, const float* s, bool rnd) {
+  const __m512 neg = _mm512_set1_ps(-1.0f);
+  __m512 acc = _mm512_setzero_ps();
+  for (int k = 0; k < 4; ++k) {  // rope_row (sign -1), round_row, the dot's terms
+    const __m512 cv = _mm512_loadu_ps(c + 16 * k),
+                 se = _mm512_mul_ps(neg, _mm512_loadu_ps(s + 16 * k));
+    const __m512 g1 = _mm512_loadu_ps(g + 16 * k), g2 = _mm512_loadu_ps(g + 64 + 16 * k);
+    __m512 a = _mm512_fmsub_ps(g1, cv, _mm512_mul_ps(g2, se)),
+           b = _mm512_fmadd_ps(g2, cv, _mm512_mul_ps(g1, se));
+    if (rnd) a = round(a), b = round(b);
+    _mm512_storeu_ps(gr + 16 * k, a);
+    _mm512_storeu_ps(gr + 64 + 16 * k, b);
+  }
+  for (int k = 0; k < 8; ++k)  // (the lanes' sums in k order, as lane_sum)
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(gr + 16 * k), _mm512_loadu_ps(w + 16 * k)),
+                          widen(in + 16 * k), acc);
+  return hsum(acc) * r;
+}
+// Then the row's gradient into out and the norm weight's into dw (kept in registers across
+// rows by the caller: the same adds in the same order as dw's row after row)
+template <class E>
+inline void grad_out(E* out, __m512 dw[8], const float* gr, const E* in, float r, float dot,
+                     const float* w, bool rnd) {
+  const __m512 rv = _mm512_set1_ps(r), dv = _mm512_set1_ps(dot), inv = _mm512_set1_ps(1.0f / 128);
+  for (int k = 0; k < 8; ++k) {
+    const __m512 x = widen(in + 16 * k), g = _mm512_loadu_ps(gr + 16 * k);
+    dw[k] = _mm512_fmadd_ps(_mm512_mul_ps(g, x), rv, dw[k]);
+    const __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(x, rv), dv), inv);
+    put(out + 16 * k, _mm512_mul_ps(rv, _mm512_fmsub_ps(g, _mm512_loadu_ps(w + 16 * k), t)), rnd);
+  }
+}
+// A head's rows as qkn_rows and qkn_grads walk them, RB at a time: each part over the batch
+// before the next (hot, a row's forward 43 -> 23 ns, its gradient 36 -> 28 ns in bf16 storage)
+constexpr int64_t RB = 8;
+template <class E>
+inline void rows(E* out, const E* in, int64_t R, float* rs, int64_t rstride, bool fresh, double eps,
+                 const float* w, const float* cos, const float* sin, int64_t n, bool rnd) {
+  for (int64_t t0 = 0; t0 < n; t0 += RB) {
+    const int64_t e = t0 + RB < n ? t0 + RB : n;
+    if (fresh)
+      for (int64_t t = t0; t < e; ++t) rs[t * rstride] = rstd(in + t * R, eps);
+    for (int64_t t = t0; t < e; ++t)
+      row(out + t * 128, in + t * R, rs[t * rstride], w, cos + t * 64, sin + t * 64, rnd);
+  }
+}
+template <class E>
+inline void grads(E* out, const E* in, int64_t R, const float* g, const float* rs, int64_t rstride,
+                  const float* w, const float* cos, const float* sin, int64_t n, bool rnd,
+                  float* dw) {
+  alignas(64) float gr[RB][128];
+  float dot[RB];
+  __m512 dwv[8];
+  for (int k = 0; k < 8; ++k) dwv[k] = _mm512_loadu_ps(dw + 16 * k);
+  for (int64_t t0 = 0; t0 < n; t0 += RB) {
+    const int64_t e = t0 + RB < n ? t0 + RB : n;
+    for (int64_t t = t0; t < e; ++t)
+      dot[t - t0] = grad_dot(gr[t - t0], g + t * 128, in + t * R, rs[t * rstride], w, cos + t * 64,
+                             sin + t * 64, rnd);
+    for (int64_t t = t0; t < e; ++t)
+      grad_out(out + t * R, dwv, gr[t - t0], in + t * R, rs[t * rstride], dot[t - t0], w, rnd);
+  }
+  for (int k = 0; k < 8; ++k) _mm512_storeu_ps(dw + 16 * k, dwv[k]);
+}
+}  // namespace qk512
+#endif
+
 // The qkv split, QK-norm and RoPE in one pass over each token's fused projection row: per
 // kv group g of a row, [G query heads | key | value] (spec §3). Row by row the arithmetic
 // (and, for a fixed thread count dividing N, the order of the norm weights' gradient sums)
@@ -492,33 +642,95 @@ struct QknRows {  // where rows t0.. of sequence b's head h lie (h as in QkNorm:
     cos = qn.cos + t0 * D2, sin = qn.sin + t0 * D2;
   }
 };
+// A head's n rows, R elements apart in the projection (in, and out for the gradients), their
+// rstd rstride apart, cos and sin rows D/2 apart: by the row code above, one row after another.
 template <class E, int DC>
-static void qkn_rows(const QkNorm& qn, void* dst, int64_t b, int64_t h, int64_t t0, int64_t n,
-                     bool fresh) {
-  const int64_t D = DC ? DC : qn.D;
-  const QknRows w(qn, b, h, t0);
-  const E* in = static_cast<const E*>(qn.qkv) + w.at;
-  E* out = static_cast<E*>(dst);
+static void head_rows(E* out, const E* in, int64_t R, float* rs, int64_t rstride, bool fresh,
+                      double eps, const float* w, const float* cos, const float* sin, int64_t Dr,
+                      int64_t n, bool rnd) {
+  const int64_t D = DC ? DC : Dr, D2 = D / 2;
   std::vector<float> y(static_cast<size_t>(2 * D));
   for (int64_t t = 0; t < n; ++t) {
-    const E* r = in + t * w.R;
-    float& rs = w.rstd[t * w.rstride];
-    if (fresh) rs = rms_rstd(r, D, qn.eps);
-    qk_row<E, DC>(out + t * D, r, rs, w.w, w.cos + t * w.D2, w.sin + t * w.D2, D, qn.rnd, y.data(),
+    const E* r = in + t * R;
+    if (fresh) rs[t * rstride] = rms_rstd(r, D, eps);
+    qk_row<E, DC>(out + t * D, r, rs[t * rstride], w, cos + t * D2, sin + t * D2, D, rnd, y.data(),
                   y.data() + D);
   }
 }
 template <class E, int DC>
+static void head_grads(E* out, const E* in, int64_t R, const float* g, const float* rs,
+                       int64_t rstride, const float* w, const float* cos, const float* sin,
+                       int64_t Dr, int64_t n, bool rnd, float* dw) {
+  const int64_t D = DC ? DC : Dr, D2 = D / 2;
+  std::vector<float> gr(static_cast<size_t>(D));
+  for (int64_t t = 0; t < n; ++t)
+    qk_row_backward<E, DC>(out + t * R, dw, g + t * D, in + t * R, rs[t * rstride], w, cos + t * D2,
+                           sin + t * D2, D, rnd, gr.data());
+}
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+constexpr bool kFastRows = true;  // at D = 128 by qk512 (the same bits)
+#else
+constexpr bool kFastRows = false;
+#endif
+template <class E, int DC>
+static void qkn_rows(const QkNorm& qn, void* dst, int64_t b, int64_t h, int64_t t0, int64_t n,
+                     bool fresh) {
+  const QknRows w(qn, b, h, t0);
+  const E* in = static_cast<const E*>(qn.qkv) + w.at;
+  E* out = static_cast<E*>(dst);
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if constexpr (DC == 128)
+    return qk512::rows(out, in, w.R, w.rstd, w.rstride, fresh, qn.eps, w.w, w.cos, w.sin, n,
+                       qn.rnd);
+#endif
+  head_rows<E, DC>(out, in, w.R, w.rstd, w.rstride, fresh, qn.eps, w.w, w.cos, w.sin, qn.D, n,
+                   qn.rnd);
+}
+template <class E, int DC>
 static void qkn_grads(const QkNorm& qn, const float* g, int64_t b, int64_t h, int64_t t0, int64_t n,
                       float* dw) {
-  const int64_t D = DC ? DC : qn.D;
   const QknRows w(qn, b, h, t0);
   const E* in = static_cast<const E*>(qn.qkv) + w.at;
   E* out = static_cast<E*>(qn.dqkv) + w.at;
-  std::vector<float> gr(static_cast<size_t>(D));
-  for (int64_t t = 0; t < n; ++t)
-    qk_row_backward<E, DC>(out + t * w.R, dw, g + t * D, in + t * w.R, w.rstd[t * w.rstride], w.w,
-                           w.cos + t * w.D2, w.sin + t * w.D2, D, qn.rnd, gr.data());
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if constexpr (DC == 128)
+    return qk512::grads(out, in, w.R, g, w.rstd, w.rstride, w.w, w.cos, w.sin, n, qn.rnd, dw);
+#endif
+  head_grads<E, DC>(out, in, w.R, g, w.rstd, w.rstride, w.w, w.cos, w.sin, qn.D, n, qn.rnd, dw);
+}
+bool qk_rows_for_tests(bool fast, bool h16, void* out, const void* in, int64_t R, float* rstd,
+                       bool fresh, const float* w, const float* cos, const float* sin, int64_t n,
+                       bool rnd) {
+  if (fast && !kFastRows) return false;
+  const auto run = [&](auto* o, const auto* x) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (fast) return qk512::rows(o, x, R, rstd, 1, fresh, 1e-6, w, cos, sin, n, rnd);
+#endif
+    using E = std::remove_pointer_t<decltype(o)>;
+    head_rows<E, 128>(o, x, R, rstd, 1, fresh, 1e-6, w, cos, sin, 128, n, rnd);
+  };
+  if (h16)
+    run(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(in));
+  else
+    run(static_cast<float*>(out), static_cast<const float*>(in));
+  return true;
+}
+bool qk_grads_for_tests(bool fast, bool h16, void* out, const void* in, int64_t R, const float* g,
+                        const float* rstd, const float* w, const float* cos, const float* sin,
+                        int64_t n, bool rnd, float* dw) {
+  if (fast && !kFastRows) return false;
+  const auto run = [&](auto* o, const auto* x) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (fast) return qk512::grads(o, x, R, g, rstd, 1, w, cos, sin, n, rnd, dw);
+#endif
+    using E = std::remove_pointer_t<decltype(o)>;
+    head_grads<E, 128>(o, x, R, g, rstd, 1, w, cos, sin, 128, n, rnd, dw);
+  };
+  if (h16)
+    run(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(in));
+  else
+    run(static_cast<float*>(out), static_cast<const float*>(in));
+  return true;
 }
 static QkNorm qk_norm(const float* qkv, float* dqkv, const float* qw, const float* kw,
                       const float* cos, const float* sin, float* qrstd, float* krstd, float* dw,

@@ -13,6 +13,16 @@ void set_threads(int n);       // OpenMP and BLAS
 float exp_for_tests(float x);  // the vectorizable exp the softmaxes and SwiGLU use
 float lane_sum_for_tests(const float* x, int64_t n);  // lane_sum (cpu/vmath.h) of x[0..n)
 float lane_max_for_tests(const float* x, int64_t n);  // lane_max (cpu/vmath.h) of x[0..n)
+// One head's n QK-norm + RoPE rows at D = 128 as attention_qkn_* makes them and turns them
+// back: by the AVX-512 row code (fast; false where this build has none) or by the generic one.
+// Rows R elements apart in `in` and the gradient's `out` (bf16 bits where h16), contiguous in
+// the rows' `out`; rstd computed (fresh) or read; cos, sin [n][64]; dw [128] added into.
+bool qk_rows_for_tests(bool fast, bool h16, void* out, const void* in, int64_t R, float* rstd,
+                       bool fresh, const float* w, const float* cos, const float* sin, int64_t n,
+                       bool rnd);
+bool qk_grads_for_tests(bool fast, bool h16, void* out, const void* in, int64_t R, const float* g,
+                        const float* rstd, const float* w, const float* cos, const float* sin,
+                        int64_t n, bool rnd, float* dw);
 int threads();
 // The CPUs this process may run on (the CLI's threads unless told): its affinity mask (taskset, a
 // container's cpuset), capped by the cgroup v2 CPU quotas over it (docker --cpus). More threads
