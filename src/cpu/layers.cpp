@@ -505,6 +505,17 @@ inline void grads(E* out, const E* in, int64_t R, const float* g, const float* r
   for (int k = 0; k < 8; ++k) _mm512_storeu_ps(dw + 16 * k, dwv[k]);
 }
 }  // namespace qk512
+constexpr bool kFastRows = true;
+#else
+namespace qk512 {  // (declared only: every use is under if constexpr (kFastRows))
+template <class E>
+void rows(E*, const E*, int64_t, float*, int64_t, bool, double, const float*, const float*,
+          const float*, int64_t, bool);
+template <class E>
+void grads(E*, const E*, int64_t, const float*, const float*, int64_t, const float*, const float*,
+           const float*, int64_t, bool, float*);
+}  // namespace qk512
+constexpr bool kFastRows = false;
 #endif
 
 // The qkv split, QK-norm and RoPE in one pass over each token's fused projection row: per
@@ -626,7 +637,8 @@ void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq,
 }
 
 // QK-norm and RoPE inside attention (QkNorm in cpu/gemm.h): a head's rows by qk_row and back
-// by qk_row_backward, so the values of qk_norm_rope_*.
+// by qk_row_backward, so the values of qk_norm_rope_* (at D = 128 on AVX-512 builds by qk512,
+// the same bits).
 struct QknRows {  // where rows t0.. of sequence b's head h lie (h as in QkNorm::rows)
   int64_t at, R, rstride, D2;
   const float *w, *cos, *sin;
@@ -667,22 +679,15 @@ static void head_grads(E* out, const E* in, int64_t R, const float* g, const flo
     qk_row_backward<E, DC>(out + t * R, dw, g + t * D, in + t * R, rs[t * rstride], w, cos + t * D2,
                            sin + t * D2, D, rnd, gr.data());
 }
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-constexpr bool kFastRows = true;  // at D = 128 by qk512 (the same bits)
-#else
-constexpr bool kFastRows = false;
-#endif
 template <class E, int DC>
 static void qkn_rows(const QkNorm& qn, void* dst, int64_t b, int64_t h, int64_t t0, int64_t n,
                      bool fresh) {
   const QknRows w(qn, b, h, t0);
   const E* in = static_cast<const E*>(qn.qkv) + w.at;
   E* out = static_cast<E*>(dst);
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-  if constexpr (DC == 128)
+  if constexpr (kFastRows && DC == 128)
     return qk512::rows(out, in, w.R, w.rstd, w.rstride, fresh, qn.eps, w.w, w.cos, w.sin, n,
                        qn.rnd);
-#endif
   head_rows<E, DC>(out, in, w.R, w.rstd, w.rstride, fresh, qn.eps, w.w, w.cos, w.sin, qn.D, n,
                    qn.rnd);
 }
@@ -692,10 +697,8 @@ static void qkn_grads(const QkNorm& qn, const float* g, int64_t b, int64_t h, in
   const QknRows w(qn, b, h, t0);
   const E* in = static_cast<const E*>(qn.qkv) + w.at;
   E* out = static_cast<E*>(qn.dqkv) + w.at;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-  if constexpr (DC == 128)
+  if constexpr (kFastRows && DC == 128)
     return qk512::grads(out, in, w.R, g, w.rstd, w.rstride, w.w, w.cos, w.sin, n, qn.rnd, dw);
-#endif
   head_grads<E, DC>(out, in, w.R, g, w.rstd, w.rstride, w.w, w.cos, w.sin, qn.D, n, qn.rnd, dw);
 }
 bool qk_rows_for_tests(bool fast, bool h16, void* out, const void* in, int64_t R, float* rstd,
@@ -703,9 +706,8 @@ bool qk_rows_for_tests(bool fast, bool h16, void* out, const void* in, int64_t R
                        bool rnd) {
   if (fast && !kFastRows) return false;
   const auto run = [&](auto* o, const auto* x) {
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-    if (fast) return qk512::rows(o, x, R, rstd, 1, fresh, 1e-6, w, cos, sin, n, rnd);
-#endif
+    if constexpr (kFastRows)
+      if (fast) return qk512::rows(o, x, R, rstd, 1, fresh, 1e-6, w, cos, sin, n, rnd);
     using E = std::remove_pointer_t<decltype(o)>;
     head_rows<E, 128>(o, x, R, rstd, 1, fresh, 1e-6, w, cos, sin, 128, n, rnd);
   };
@@ -720,9 +722,8 @@ bool qk_grads_for_tests(bool fast, bool h16, void* out, const void* in, int64_t 
                         int64_t n, bool rnd, float* dw) {
   if (fast && !kFastRows) return false;
   const auto run = [&](auto* o, const auto* x) {
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-    if (fast) return qk512::grads(o, x, R, g, rstd, 1, w, cos, sin, n, rnd, dw);
-#endif
+    if constexpr (kFastRows)
+      if (fast) return qk512::grads(o, x, R, g, rstd, 1, w, cos, sin, n, rnd, dw);
     using E = std::remove_pointer_t<decltype(o)>;
     head_grads<E, 128>(o, x, R, g, rstd, 1, w, cos, sin, 128, n, rnd, dw);
   };
