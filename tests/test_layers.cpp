@@ -993,7 +993,7 @@ TEST(QkRows, Avx512RowsEqualTheGenericRows) {
           rs[fast].assign(size_t(n), 0.0f), dw[fast].assign(size_t(D), 0.25f);
           if (!tq::cpu::qk_rows_for_tests(fast, h16, o[fast].data(), in.data(), R, rs[fast].data(),
                                           true, w.data(), cs.data(), sn.data(), n, rnd))
-            GTEST_SKIP() << "no AVX-512 row code in this build (not built for AVX-512 BW)";
+            GTEST_SKIP() << "no AVX-512 row code in this build (not built for AVX-512 BW and VL)";
           // the backward recomputes the rows from the saved rstd
           std::vector<char> again(size_t(n * D) * es);
           tq::cpu::qk_rows_for_tests(fast, h16, again.data(), in.data(), R, rs[fast].data(), false,

@@ -12,10 +12,12 @@
 #include <cstring>
 
 #include "cpu/attention_driver.h"
+#include "cpu/bf16_avx512.h"
 #include "cpu/gemm_driver.h"
 
 namespace tq::cpu {
 namespace {
+using namespace bf16x16;  // rne_biased, round_bf16, load_bf16, store_bf16
 
 constexpr int MR = 12, NR = 32;  // 24 accumulators + 2 B vectors + broadcasts: 32 zmm
 
@@ -273,26 +275,6 @@ inline __m512 madd(__m512 c, __m512i a, __m512 b) {
     return _mm512_fmadd_ps(_mm512_castsi512_ps(a), b, c);
 }
 
-inline __m512i rne_biased(__m512i u) {  // u + 0x7fff + bit 16 of u: high half bf16(u), RNE
-  const __m512i t = _mm512_add_epi32(u, _mm512_set1_epi32(0x7fff));
-  return _mm512_mask_add_epi32(t, _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x10000)), t,
-                               _mm512_set1_epi32(1));
-}
-// x rounded to the nearest bf16 (ties even; NaN stays NaN), as f32_to_bf16 in core/common.h
-inline __m512 round_bf16(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i r = _mm512_mask_or_epi32(rne_biased(u), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), u,
-                                         _mm512_set1_epi32(0x400000));
-  return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(int(0xffff0000u))));
-}
-inline __m512 load_bf16(const uint16_t* p, __mmask16 m) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
-}
-inline void store_bf16(uint16_t* p, __mmask16 m, __m512 x) {  // x already a bf16 value
-  _mm256_mask_storeu_epi16(p, m,
-                           _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
-}
 // The optax bf16 SGD step, bf16(w + bf16(step * bf16(0 + g))) with step = bf16(-lr)
 // (sgd_update_bf16 in cpu/ops.cpp), for a row of up to 32 weights (sgd_row). Its roundings
 // have no NaN case: each rounds an fp32 sum or product of bf16 values (or of their products'

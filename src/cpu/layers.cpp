@@ -1,5 +1,10 @@
 #include "cpu/layers.h"
 
+// (first: it includes <immintrin.h> under GCC 12's warning pragmas)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include "cpu/bf16_avx512.h"
+#endif
+
 #include <cblas.h>
 #include <omp.h>
 #include <sched.h>
@@ -14,13 +19,6 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
-
-// GCC 12's AVX-512 headers trip -Wuninitialized on their own _mm512_undefined_* (GCC PR 105593).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
 
 #include "core/common.h"
 #include "cpu/gemm.h"
@@ -364,7 +362,7 @@ static inline void qk_row_backward(E* out, float* dw, const GE* gi, const E* in,
   rms_row_backward(out, dw, gr, in, r, w, D, rnd);
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 // QK-norm + RoPE rows at D = 128 (every preset's head dimension) as attention_qkn_* asks for
 // them, held in registers. qk_row and qk_row_backward take a row through scratch rows pass by
 // pass, and one row at a time the chain of its sum of squares (or its backward's dot) did not
@@ -373,38 +371,19 @@ static inline void qk_row_backward(E* out, float* dw, const GE* gi, const E* in,
 // same bits, which the tests check against the generic rows. W2 step, the two ways alternating
 // by step in one process: bf16 -2.1 to -2.4 %, fp32 -0.4 to -1.7 % (bench/NOTES.md, stop 51).
 namespace qk512 {
-inline __m512i splat(uint32_t v) {
-  return _mm512_set1_epi32(int(v));
-}
-// f32_to_bf16's rounded word (before its shift) in 16 lanes
-inline __m512i rne(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __mmask16 nan =
-      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, splat(0x7fffffffu)), splat(0x7f800000u));
-  const __m512i r = _mm512_add_epi32(
-      u, _mm512_add_epi32(splat(0x7fffu), _mm512_and_si512(_mm512_srli_epi32(u, 16), splat(1))));
-  return _mm512_mask_or_epi32(r, nan, u, splat(0x400000u));
-}
-inline __m512 round(__m512 x) {  // round_bf16
-  return _mm512_castsi512_ps(_mm512_and_si512(rne(x), splat(0xffff0000u)));
-}
-inline void store(uint16_t* p, __m512 x) {  // f32_to_bf16
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(rne(x), 16)));
-}
+using namespace bf16x16;  // round_bf16, load_bf16, store_bf16 (as the products use them)
 // 16 activations as fp32, and stored back (as store_as: bf16 storage rounds, fp32 where rnd)
 inline __m512 widen(const uint16_t* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  return load_bf16(p, 0xffff);
 }
 inline __m512 widen(const float* p) {
   return _mm512_loadu_ps(p);
 }
 inline void put(uint16_t* p, __m512 x, bool) {
-  store(p, x);
+  store_bf16(p, 0xffff, round_bf16(x));
 }
 inline void put(float* p, __m512 x, bool rnd) {
-  _mm512_storeu_ps(p, rnd ? round(x) : x);
+  _mm512_storeu_ps(p, rnd ? round_bf16(x) : x);
 }
 inline float hsum(__m512 acc) {  // lane_sum's adds across its 16 lanes
   const __m256 s8 =
@@ -429,7 +408,7 @@ inline void row(E* out, const E* in, float r, const float* w, const float* c, co
   __m512 y[8];
   for (int k = 0; k < 8; ++k) {  // rms_apply, round_row
     y[k] = _mm512_mul_ps(_mm512_mul_ps(widen(in + 16 * k), rv), _mm512_loadu_ps(w + 16 * k));
-    if (rnd) y[k] = round(y[k]);
+    if (rnd) y[k] = round_bf16(y[k]);
   }
   for (int k = 0; k < 4; ++k) {  // rope_row (sign 1), stored
     const __m512 cv = _mm512_loadu_ps(c + 16 * k), sv = _mm512_loadu_ps(s + 16 * k);
@@ -450,7 +429,7 @@ inline float grad_dot(float* gr, const float* g, const E* in, float r, const flo
     const __m512 g1 = _mm512_loadu_ps(g + 16 * k), g2 = _mm512_loadu_ps(g + 64 + 16 * k);
     __m512 a = _mm512_fmsub_ps(g1, cv, _mm512_mul_ps(g2, se)),
            b = _mm512_fmadd_ps(g2, cv, _mm512_mul_ps(g1, se));
-    if (rnd) a = round(a), b = round(b);
+    if (rnd) a = round_bf16(a), b = round_bf16(b);
     _mm512_storeu_ps(gr + 16 * k, a);
     _mm512_storeu_ps(gr + 64 + 16 * k, b);
   }
