@@ -386,12 +386,9 @@ inline void put(float* p, __m512 x, bool rnd) {
   _mm512_storeu_ps(p, rnd ? round_bf16(x) : x);
 }
 inline float hsum(__m512 acc) {  // lane_sum's adds across its 16 lanes
-  const __m256 s8 =
+  return lanes8_sum(
       _mm256_add_ps(_mm512_castps512_ps256(acc),
-                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1))));
 }
 // rms_rstd of a row
 template <class E>

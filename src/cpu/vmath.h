@@ -57,6 +57,15 @@ inline float vexp(float x) {
 // because an `omp simd` reduction leaves the order to the compiler, and so the bits to the
 // build machine's instructions (on AVX2 a D = 128 row of the fused QK-norm summed unlike the
 // same row of rmsnorm). term is inlined and vectorized across the lanes.
+#if defined(__AVX__)
+// lane_sum's adds across its lanes, the upper 8 already added to the lower 8 (s8): then pairs of
+// 4, 2 and 1. qk512's rows in layers.cpp end their sums here too, for the same bits.
+inline float lanes8_sum(__m256 s8) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+#endif
 template <class F>
 inline float lane_sum(int64_t n, F term) {
   float acc[16] = {};
@@ -68,10 +77,7 @@ inline float lane_sum(int64_t n, F term) {
 #if defined(__AVX__)
   // the same adds in registers (GCC kept the loop below in memory, each add waiting on a
   // store: a D = 128 row's fused QK-norm backward spent 13 % of its time there)
-  const __m256 s8 = _mm256_add_ps(_mm256_loadu_ps(acc), _mm256_loadu_ps(acc + 8));
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+  return lanes8_sum(_mm256_add_ps(_mm256_loadu_ps(acc), _mm256_loadu_ps(acc + 8)));
 #else
   for (int w = 8; w > 0; w /= 2)
     for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
