@@ -37,9 +37,7 @@ inline __m512i load_slots(const View& v, int64_t i, int64_t k, int64_t K) {
   }
   const __mmask16 m = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
   if (v.bf16)
-    return _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
-                                 m, static_cast<const uint16_t*>(v.p) + i * v.rs + k)),
-                             16);
+    return _mm512_castps_si512(load_bf16(static_cast<const uint16_t*>(v.p) + i * v.rs + k, m));
   return _mm512_maskz_loadu_epi32(m, static_cast<const float*>(v.p) + i * v.rs + k);
 }
 
@@ -162,11 +160,7 @@ void pack_kcontig(uint32_t* dst, const View& v, int64_t rows, int64_t K, int64_t
 
 // 16 consecutive rows of element k (rows contiguous, rs == 1), as fp32 bits.
 inline __m512 load_rows_f32(const View& v, int64_t i, int64_t k, __mmask16 m) {
-  if (v.bf16)
-    return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
-                              m, static_cast<const uint16_t*>(v.p) + i + k * v.ks)),
-                          16));
+  if (v.bf16) return load_bf16(static_cast<const uint16_t*>(v.p) + i + k * v.ks, m);
   return _mm512_maskz_loadu_ps(m, static_cast<const float*>(v.p) + i + k * v.ks);
 }
 
