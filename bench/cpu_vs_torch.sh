@@ -12,7 +12,7 @@
 # Both sides run with glibc keeping freed memory (MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0
 # MALLOC_TRIM_THRESHOLD_ large): PyTorch frees its gradients and activations every step, and by
 # default glibc hands them back to the kernel, so that every step faults them in again; on a
-# VM where a fault costs ~10 us (the Zen 5 VM of stop 29: first touch of 128 MiB 329 ms, then
+# VM where a fault costs ~10 us (the Zen 5 VM: first touch of 128 MiB 329 ms, then
 # 4.5 ms) that made PyTorch's W1 fp32 step 407 ms instead of 86. tiny-qwen3 allocates before
 # step 0 and is unaffected. PEER_MALLOC=glibc measures with glibc's defaults instead.
 # OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, which some machines set to pin OpenBLAS to an older

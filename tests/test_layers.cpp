@@ -433,8 +433,8 @@ TEST_P(SwiGlu, MatchesReferenceAndFiniteDifferences) {
   cpu::swiglu_backward(dabf.data(), Gf.data(), abf.data(), N, F, false);
   EXPECT_LT(rel_l2(yf, y), kFast);
   EXPECT_LT(rel_l2(dabf, dab), kFast);
-  // The backward's 1 + x (1 - sg) is one fma, written out: left to GCC it was fused or not by
-  // the shape of the code around it (stop 40). Every da and db bit for bit against the formula.
+  // The backward's 1 + x (1 - sg) is one fma, written out: left to GCC it is fused or not by
+  // the shape of the code around it. Every da and db bit for bit against the formula.
   for (int n = 0; n < N; ++n)
     for (int f = 0; f < F; ++f) {
       const float x = abf[n * 2 * F + f], b = abf[n * 2 * F + F + f], g = Gf[n * F + f];

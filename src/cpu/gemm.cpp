@@ -67,7 +67,7 @@ Library& library() {  // (swap_library_sgemm replaces its sgemm for tests)
     return l;
 #endif
     const char* e = std::getenv("TQ_DNNL");
-    // measured faster than our AVX-512 fp32 kernels only (bench/NOTES.md, stop 48)
+    // measured faster than our AVX-512 fp32 kernels only (docs/performance.md)
     if ((e && std::strcmp(e, "off") == 0) || !active() || std::strcmp(active()->name, "avx2") == 0)
       return l;
     for (const char* so : {"libdnnl.so.2", "libdnnl.so.3"}) {

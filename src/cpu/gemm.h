@@ -133,7 +133,7 @@ bool own_kernels();  // the products below may be called (some set is usable)
 // Whether gemm_f32_dx_sgd takes dx = dout W of at least kLibraryDxRows tokens from oneDNN's
 // sgemm: where the AVX-512 set is in use, oneDNN (libdnnl.so.2 or .3) is installed and TQ_DNNL
 // is not "off". Its packing reads dout in place and measured 5-15 % faster than our kernels
-// on the W2 dx shapes (a W2 fp32 step -2.7 %; bench/NOTES.md, stop 48). Those dx are then
+// on the W2 dx shapes (a W2 fp32 step -2.7 %; docs/performance.md). Those dx are then
 // reproducible bit for bit at a given thread count only (they sum by oneDNN's blocking); the
 // SGD step after them stays ours.
 constexpr int64_t kLibraryDxRows = 160;

@@ -369,7 +369,7 @@ static inline void qk_row_backward(E* out, float* dw, const GE* gi, const E* in,
 // overlap the next row's: their dependent work filled the scheduler. Here a batch's sums come
 // first (rows, grads). The same operations in the same order (lane_sum's, the same FMAs): the
 // same bits, which the tests check against the generic rows. W2 step, the two ways alternating
-// by step in one process: bf16 -2.1 to -2.4 %, fp32 -0.4 to -1.7 % (bench/NOTES.md, stop 51).
+// by step in one process: bf16 -2.1 to -2.4 %, fp32 -0.4 to -1.7 % (docs/performance.md).
 namespace qk512 {
 using namespace bf16x16;  // round_bf16, load_bf16, store_bf16 (as the products use them)
 // 16 activations as fp32, and stored back (as store_as: bf16 storage rounds, fp32 where rnd)
@@ -901,9 +901,10 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
 // SwiGLU on fp32 or (E = uint16_t) bf16 storage, fetching as far ahead in bytes; results
 // rounded to bf16 where rnd (always, in bf16 storage). One template for both storages: written
 // as two loops, an -O2 build fused `1 + x (1 - sg)` into an fma in one and not the other (a
-// different bf16 near x = -1 / (1 - sg)). That fma is now written out: left to GCC, rewriting
-// vexp's selects (stop 40) turned it from two roundings into one, moving ~10 % of the fp32 da
-// values by up to 78 ulp (where x (1 - sg) is near -1) and the walkthrough's losses with them.
+// different bf16 near x = -1 / (1 - sg)). So that fma is written out: left to GCC, whether it
+// fuses depends on the code around it (a change to vexp's selects flipped it), and the two
+// forms differ in ~10 % of the fp32 da values by up to 78 ulp (where x (1 - sg) is near -1),
+// which moves the walkthrough's losses.
 template <class E, bool RND>
 static void swiglu_fwd(E* out, const E* ab, int64_t N, int64_t F) {
   constexpr int64_t step = kStep * 4 / sizeof(E), ahead = kAhead * 4 / sizeof(E);
