@@ -18,6 +18,7 @@
 #include "core/common.h"
 #include "cpu/gemm.h"
 #include "cpu/layers.h"
+#include "cpu/runtime.h"
 #include "cuda/ops.h"
 #include "io/checkpoint.h"
 #include "io/export.h"
@@ -69,7 +70,8 @@ std::string fmt_g(double v) {
 
 // --threads, else OMP_NUM_THREADS (its first number), else every CPU this process may run on.
 // More than those is allowed (results do not depend on the thread count) but said, being slower.
-int threads_for(int asked) {
+// fixed: whether the count was given (else a training run adapts it to the load).
+int threads_for(int asked, bool* fixed = nullptr) {
   const int cpus = cpu::available_cpus();
   std::string from = "--threads " + std::to_string(asked);
   if (!asked)
@@ -84,6 +86,7 @@ int threads_for(int asked) {
                  "warning: %s is more than the %d CPU(s) this process may run on: its threads "
                  "will take turns on them, slower than %d thread(s) would be\n",
                  from.c_str(), cpus, cpus);
+  if (fixed) *fixed = asked != 0;
   return asked ? asked : cpus;
 }
 
@@ -216,12 +219,20 @@ int train(TrainArgs a) {
   const MemoryPlan plan = validate(a, &gpu);
   const Config& c = preset(a.preset);
   const DType dtype = parse_dtype(a.dtype);
-  const int nthreads = threads_for(a.threads);
-  cpu::set_threads(nthreads);
+  bool fixed = false;
+  const int nthreads = threads_for(a.threads, &fixed);
+  // Without a given count, a CPU run sheds threads while other processes hold cores
+  // (cpu/runtime.h): a thread kept off its core stalls every barrier of the step.
+  std::optional<cpu::ThreadGovernor> governor;
+  if (!gpu && !fixed)
+    governor.emplace(nthreads);
+  else
+    cpu::set_threads(nthreads);
   if (gpu)
     std::printf("device: %s\n", gpu->describe().c_str());
   else
-    std::printf("device: CPU(threads=%d, %s)\n", nthreads, cpu::kernels_name());
+    std::printf("device: CPU(threads=%d%s, %s)\n", nthreads,
+                governor && governor->active() ? ", fewer under load" : "", cpu::kernels_name());
   const ParamLayout layout = make_layout(c);
   std::printf("parameters: %s\n", with_commas(int64_t(layout.total)).c_str());
   const double mib = 1.0 / (1 << 20);
@@ -251,6 +262,7 @@ int train(TrainArgs a) {
   rec.init_from = a.init_from;
   std::vector<double> ms;
   std::string failure;
+  if (governor) governor->begin();
   for (int64_t s = 1; s <= a.steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
     const double loss = model.forward(batch);
@@ -279,6 +291,7 @@ int train(TrainArgs a) {
     rec.steps = s;
     std::printf("step %02lld: loss=%.6f  (%.1f ms)\n", (long long)s, loss, ms.back());
     std::fflush(stdout);
+    if (governor) governor->after_step();
   }
   rec.initial_loss = rec.losses.empty() ? NAN : rec.losses.front();
   const std::vector<KernelTime> kernels = a.profile ? kernel_times() : std::vector<KernelTime>{};
@@ -303,6 +316,9 @@ int train(TrainArgs a) {
                 tokens / med * 1e3, flops / med * 1e-6);
     if (a.profile && ms.size() > 1) print_profile(ms, kernels);
   }
+  if (governor)
+    if (const std::string used = governor->summary(); !used.empty())
+      std::printf("threads: %s (other processes took cores)\n", used.c_str());
   const std::string out = failure.empty() ? a.output : failed_name(a.output);
   save_checkpoint(
       out, c, [&](size_t off, size_t n, float* x) { model.get_params(x, off, n); }, dtype, rec);
