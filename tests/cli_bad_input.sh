@@ -202,7 +202,7 @@ expect_threads() {
   shift 3
   while [ "$1" != -- ]; do envs+=("$1") && shift; done
   shift
-  env "${envs[@]}" taskset -c 0 "$bin" train --steps 2 --output "$dir/t.pt" "$@" >"$dir/out" 2>"$dir/err"
+  env -u OMP_NUM_THREADS "${envs[@]}" taskset -c 0 "$bin" train --steps 2 --output "$dir/t.pt" "$@" >"$dir/out" 2>"$dir/err"
   local rc=$? ok=1
   if [ "$rc" -ne 0 ] || ! grep -q "^device: CPU(threads=$want," "$dir/out"; then
     ok=0

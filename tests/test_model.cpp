@@ -134,6 +134,71 @@ TEST(Qwen3, SgdStepLowersTheLossAndIsDeterministic) {
   EXPECT_LT(runs[0].back(), runs[0].front());
 }
 
+// A training run may change its thread count between steps (cpu/runtime.h), so a step must
+// not depend on it. On our kernels it does not: every parameter, kept gradient and loss bit for
+// bit at 1, 2 and 3 threads, both dtypes, at a size where every kernel splits its work (the
+// norms' weight gradients by chunks of rows). Two sums do follow the thread count, and stay
+// within round-off of a one-thread run: OpenBLAS's (the portable path) and oneDNN's fp32 dx.
+TEST(Qwen3, AStepIsTheSameAtEveryThreadCount) {
+  //              name  V   C    L  H  KVH D   F    ctx  theta tied eps
+  const Config c{"mid", 97, 128, 1, 4, 2, 32, 160, 256, 1e4, true, 1e-6f};
+  const std::vector<float> w = tiny_params(c);
+  const int64_t B = 2, T = 256;
+  const Batch b = fixed_batch(B, T, c.V);
+  const int before = cpu::threads();
+  struct Run {
+    std::vector<double> losses;
+    std::vector<float> p, g;
+  };
+  const auto run = [&](DType dt, int t) {
+    cpu::set_threads(t);
+    Qwen3 fused(c, dt, B, T, cpu_ops(), true), plain(c, dt, B, T, cpu_ops());
+    fused.set_params(w.data());
+    plain.set_params(w.data());
+    Run r;
+    for (int s = 0; s < 2; ++s) {
+      r.losses.push_back(fused.forward(b));
+      fused.backward_sgd(0.1f);
+    }
+    plain.forward(b);
+    plain.backward();
+    r.p.resize(w.size());
+    r.g.resize(w.size());
+    fused.get_params(r.p.data());
+    plain.get_grads(r.g.data());
+    return r;
+  };
+  for (bool library : {false, true}) {
+    if (library && !cpu::library_dx()) continue;  // oneDNN not in use here
+    const cpu::Sgemm was = library ? nullptr : cpu::swap_library_sgemm(nullptr);
+    const bool exact = cpu::own_kernels() && !library;
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const Run one = run(dt, 1);
+      // Measured on the portable path: fp32 within 2.5e-7, bf16 within 6e-4 (a sum that moves
+      // by an fp32 ulp can move a stored bf16 value by a bf16 one, 2^-8): bounds ~5-10x those
+      const double tol = dt == DType::f32 ? 1e-6 : 5e-3;
+      for (int t : {2, 3}) {
+        const Run r = run(dt, t);
+        const std::string what = std::to_string(t) + " threads, " + dtype_name(dt) +
+                                 (library ? ", oneDNN dx" : "") +
+                                 (exact ? "" : " (within round-off)");
+        if (exact) {
+          EXPECT_EQ(r.losses, one.losses) << what;
+          EXPECT_TRUE(r.p == one.p) << "parameters at " << what;
+          EXPECT_TRUE(r.g == one.g) << "gradients at " << what;
+        } else {
+          for (size_t s = 0; s < r.losses.size(); ++s)
+            EXPECT_NEAR(r.losses[s], one.losses[s], tol) << what;
+          EXPECT_LT(test::rel_l2(r.p, one.p), tol) << "parameters at " << what;
+          EXPECT_LT(test::rel_l2(r.g, one.g), tol) << "gradients at " << what;
+        }
+      }
+    }
+    if (!library) cpu::swap_library_sgemm(was);
+  }
+  cpu::set_threads(before);
+}
+
 // `train --profile`'s work columns: a step's counted arithmetic is the model's (6 flops a
 // matrix entry a token; attention 12 D a query-key pair the mask lets through, a head and a
 // layer), and every kernel that ran counts its traffic.

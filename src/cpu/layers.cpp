@@ -172,23 +172,31 @@ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, in
   for (int64_t n = 0; n < N; ++n) rstd[n] = rms_row(out + n * C, x + n * C, w, C, eps);
 }
 
+// A norm weight's gradient sums over every row. Its partial sums are taken per chunk of rows
+// (kNormRows each, at most kNormChunks chunks) and added in chunk order, so its bits depend on
+// the rows alone, not on the thread count nor on which thread took which chunk; the threads
+// take chunks as they come, so a thread the scheduler keeps waiting delays only its own.
+constexpr int64_t kNormRows = 32, kNormChunks = 64;
+static int64_t norm_chunks(int64_t N) {
+  return std::min(kNormChunks, std::max<int64_t>(1, (N + kNormRows - 1) / kNormRows));
+}
+
 // RMSNorm's backward over the rows: the input gradient into d, or with ADD added into it (each
-// rounded to bf16 first where rnd, and the sum); dw's partial sums per thread, summed in
-// thread order. A thread's partial sums and row lie a line apart from the next thread's: a
-// line two cores write in turn moves between them with every row (the fused pass below,
-// W2's rows on two threads: 1.6x slower with them adjacent).
+// rounded to bf16 first where rnd, and the sum); dw's partial sums per chunk of rows, as
+// above. A chunk's partial sums and row lie a line apart from the next chunk's: a line two
+// cores write in turn moves between them with every row (the fused pass below, W2's rows on
+// two threads: 1.6x slower with them adjacent).
 template <bool ADD>
 static void rms_backward(float* d, float* dw, const float* dout, const float* x, const float* rstd,
                          const float* w, int64_t N, int64_t C, bool rnd) {
-  const int nt = omp_get_max_threads();
+  const int64_t nc = norm_chunks(N);
   const size_t cp = size_t((C + 15) / 16 * 16), per = (ADD ? 2 * cp : cp) + 16;
-  std::vector<float> part(size_t(nt) * per, 0.0f);  // per thread: dw's sums, [a row]
-#pragma omp parallel if (N * C > 16384)
-  {
-    float* const mydw = part.data() + size_t(omp_get_thread_num()) * per;
+  std::vector<float> part(size_t(nc) * per, 0.0f);  // per chunk: dw's sums, [a row]
+#pragma omp parallel for schedule(dynamic) if (N * C > 16384)
+  for (int64_t k = 0; k < nc; ++k) {
+    float* const mydw = part.data() + size_t(k) * per;
     float* const row = mydw + cp;
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
+    for (int64_t n = N * k / nc; n < N * (k + 1) / nc; ++n) {
       float* const dr = d + n * C;
       rms_row_backward(ADD ? row : dr, mydw, dout + n * C, x + n * C, rstd[n], w, C);
       if constexpr (ADD) {
@@ -198,8 +206,8 @@ static void rms_backward(float* d, float* dw, const float* dout, const float* x,
       }
     }
   }
-  for (int t = 0; t < nt; ++t)
-    for (int64_t c = 0; c < C; ++c) dw[c] += part[size_t(t) * per + c];
+  for (int64_t k = 0; k < nc; ++k)
+    for (int64_t c = 0; c < C; ++c) dw[c] += part[size_t(k) * per + c];
 }
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* rstd,
                       const float* w, int64_t N, int64_t C) {
@@ -558,42 +566,46 @@ static void qk_bwd(E* dqkv, float* dqw, float* dkw, const E* dq, const E* dk, co
                    int64_t H, int64_t KVH, int64_t Dr, bool rnd) {
   const int64_t D = DC ? DC : Dr;
   const int64_t G = H / KVH, R = (H + 2 * KVH) * D, D2 = D / 2, N = B * T;
-  const int nt = omp_get_max_threads();
-  std::vector<float> part(size_t(nt) * 2 * D, 0.0f);  // per thread: dqw, dkw partial sums
+  const int64_t nc = norm_chunks(N);  // dqw, dkw summed per chunk of rows, as RMSNorm's dw
+  std::vector<float> part(size_t(nc) * (2 * D + 16), 0.0f);
 #pragma omp parallel if (N * R > 16384)
   {
-    float* mq = part.data() + size_t(omp_get_thread_num()) * 2 * D;
     std::vector<float> gr(static_cast<size_t>(D));  // the row's gradient before the rotation
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      const float *c = cos + (n % T) * D2, *s = sin + (n % T) * D2;
-      for (int64_t g = 0; g < KVH; ++g) {
-        const E* in = qkv + n * R + g * (G + 2) * D;
-        E* out = dqkv + n * R + g * (G + 2) * D;
-        if (n + 1 < N) {  // this group's rows of the next token
-          fetch(in + R, (G + 2) * D, false);
-          fetch(out + R, (G + 2) * D, true);
-          fetch(dq + ((n + 1) * H + g * G) * D, G * D, false);
-          fetch(dk + ((n + 1) * KVH + g) * D, D, false);
-          fetch(dv + ((n + 1) * KVH + g) * D, D, false);
+#pragma omp for schedule(dynamic)
+    for (int64_t k = 0; k < nc; ++k) {
+      float* mq = part.data() + size_t(k) * (2 * D + 16);
+      for (int64_t n = N * k / nc; n < N * (k + 1) / nc; ++n) {
+        const float *c = cos + (n % T) * D2, *s = sin + (n % T) * D2;
+        for (int64_t g = 0; g < KVH; ++g) {
+          const E* in = qkv + n * R + g * (G + 2) * D;
+          E* out = dqkv + n * R + g * (G + 2) * D;
+          if (n + 1 < N) {  // this group's rows of the next token
+            fetch(in + R, (G + 2) * D, false);
+            fetch(out + R, (G + 2) * D, true);
+            fetch(dq + ((n + 1) * H + g * G) * D, G * D, false);
+            fetch(dk + ((n + 1) * KVH + g) * D, D, false);
+            fetch(dv + ((n + 1) * KVH + g) * D, D, false);
+          }
+          // each row read and written in its storage, not through widened copies of the group
+          // (W2 layer, old and new alternating in one process: bf16 storage -34 %, fp32 -20 %;
+          // the forward likewise, bf16 -25 %)
+          for (int64_t i = 0; i <= G; ++i) {
+            const bool key = i == G;
+            const int64_t row = key ? n * KVH + g : n * H + g * G + i;
+            qk_row_backward<E, DC>(out + i * D, key ? mq + D : mq, (key ? dk : dq) + row * D,
+                                   in + i * D, (key ? krstd : qrstd)[row], key ? kw : qw, c, s, D,
+                                   rnd, gr.data());
+          }
+          std::memcpy(out + (G + 1) * D, dv + (n * KVH + g) * D, size_t(D) * sizeof(E));
         }
-        // each row read and written in its storage, not through widened copies of the group
-        // (W2 layer, old and new alternating in one process: bf16 storage -34 %, fp32 -20 %;
-        // the forward likewise, bf16 -25 %)
-        for (int64_t i = 0; i <= G; ++i) {
-          const bool key = i == G;
-          const int64_t row = key ? n * KVH + g : n * H + g * G + i;
-          qk_row_backward<E, DC>(out + i * D, key ? mq + D : mq, (key ? dk : dq) + row * D,
-                                 in + i * D, (key ? krstd : qrstd)[row], key ? kw : qw, c, s, D,
-                                 rnd, gr.data());
-        }
-        std::memcpy(out + (G + 1) * D, dv + (n * KVH + g) * D, size_t(D) * sizeof(E));
       }
     }
   }
-  for (int t = 0; t < nt; ++t)
-    for (int64_t e = 0; e < D; ++e)
-      dqw[e] += part[size_t(t) * 2 * D + e], dkw[e] += part[size_t(t) * 2 * D + D + e];
+  for (int64_t k = 0; k < nc; ++k)
+    for (int64_t e = 0; e < D; ++e) {
+      const float* pk = part.data() + size_t(k) * (2 * D + 16);
+      dqw[e] += pk[e], dkw[e] += pk[D + e];
+    }
 }
 void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq, const float* dk,
                            const float* dv, const float* qkv, const float* qrstd,
