@@ -172,42 +172,57 @@ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, in
   for (int64_t n = 0; n < N; ++n) rstd[n] = rms_row(out + n * C, x + n * C, w, C, eps);
 }
 
-// A norm weight's gradient sums over every row. Its partial sums are taken per chunk of rows
-// (kNormRows each, at most kNormChunks chunks) and added in chunk order, so its bits depend on
-// the rows alone, not on the thread count nor on which thread took which chunk; the threads
-// take chunks as they come, so a thread the scheduler keeps waiting delays only its own.
-constexpr int64_t kNormRows = 32, kNormChunks = 64;
-static int64_t norm_chunks(int64_t N) {
-  return std::min(kNormChunks, std::max<int64_t>(1, (N + kNormRows - 1) / kNormRows));
+// A norm weight's gradient sums over every row. Its partial sums are taken per chunk of
+// kNormRows consecutive rows, each in row order, and the chunks' sums are added in chunk order,
+// so its bits depend on the rows alone, not on the thread count nor on which thread took which
+// chunk (threads take chunks as they come: one the scheduler keeps waiting delays only its
+// own). The QK-norm pass sums its q and k rows' chunks the same way, so that it and the model's
+// composition of RMSNorms give the same bits.
+constexpr int64_t kNormRows = 32;
+static int64_t norm_chunks(int64_t rows) {
+  return std::max<int64_t>(1, (rows + kNormRows - 1) / kNormRows);
+}
+// dw[c] += the chunks' partial sums part[k * per + c] in chunk order, columns split among the
+// threads.
+static void add_chunk_sums(float* dw, const float* part, int64_t nc, size_t per, int64_t C) {
+#pragma omp parallel for schedule(static) if (nc * C > 65536)
+  for (int64_t c0 = 0; c0 < C; c0 += 64)
+    for (int64_t c = c0; c < std::min(C, c0 + 64); ++c) {
+      float s = dw[c];
+      for (int64_t k = 0; k < nc; ++k) s += part[size_t(k) * per + size_t(c)];
+      dw[c] = s;
+    }
 }
 
 // RMSNorm's backward over the rows: the input gradient into d, or with ADD added into it (each
 // rounded to bf16 first where rnd, and the sum); dw's partial sums per chunk of rows, as
-// above. A chunk's partial sums and row lie a line apart from the next chunk's: a line two
-// cores write in turn moves between them with every row (the fused pass below, W2's rows on
-// two threads: 1.6x slower with them adjacent).
+// above, a line apart from the next chunk's: a line two cores write in turn moves between them
+// with every row (the fused pass below, W2's rows on two threads: 1.6x slower with them
+// adjacent).
 template <bool ADD>
 static void rms_backward(float* d, float* dw, const float* dout, const float* x, const float* rstd,
                          const float* w, int64_t N, int64_t C, bool rnd) {
   const int64_t nc = norm_chunks(N);
-  const size_t cp = size_t((C + 15) / 16 * 16), per = (ADD ? 2 * cp : cp) + 16;
-  std::vector<float> part(size_t(nc) * per, 0.0f);  // per chunk: dw's sums, [a row]
-#pragma omp parallel for schedule(dynamic) if (N * C > 16384)
-  for (int64_t k = 0; k < nc; ++k) {
-    float* const mydw = part.data() + size_t(k) * per;
-    float* const row = mydw + cp;
-    for (int64_t n = N * k / nc; n < N * (k + 1) / nc; ++n) {
-      float* const dr = d + n * C;
-      rms_row_backward(ADD ? row : dr, mydw, dout + n * C, x + n * C, rstd[n], w, C);
-      if constexpr (ADD) {
+  const size_t per = size_t((C + 15) / 16 * 16) + 16;
+  std::vector<float> part(size_t(nc) * per, 0.0f);  // per chunk: dw's sums
+#pragma omp parallel if (N * C > 16384)
+  {
+    std::vector<float> row(ADD ? size_t(C) : 0);  // the thread's input gradient of a row
+#pragma omp for schedule(dynamic)
+    for (int64_t k = 0; k < nc; ++k) {
+      float* const mydw = part.data() + size_t(k) * per;
+      for (int64_t n = k * kNormRows; n < std::min(N, (k + 1) * kNormRows); ++n) {
+        float* const dr = d + n * C;
+        rms_row_backward(ADD ? row.data() : dr, mydw, dout + n * C, x + n * C, rstd[n], w, C);
+        if constexpr (ADD) {
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c)
-          dr[c] = rnd ? round_bf16(dr[c] + round_bf16(row[c])) : dr[c] + row[c];
+          for (int64_t c = 0; c < C; ++c)
+            dr[c] = rnd ? round_bf16(dr[c] + round_bf16(row[c])) : dr[c] + row[c];
+        }
       }
     }
   }
-  for (int64_t k = 0; k < nc; ++k)
-    for (int64_t c = 0; c < C; ++c) dw[c] += part[size_t(k) * per + c];
+  add_chunk_sums(dw, part.data(), nc, per, C);
 }
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* rstd,
                       const float* w, int64_t N, int64_t C) {
@@ -566,15 +581,17 @@ static void qk_bwd(E* dqkv, float* dqw, float* dkw, const E* dq, const E* dk, co
                    int64_t H, int64_t KVH, int64_t Dr, bool rnd) {
   const int64_t D = DC ? DC : Dr;
   const int64_t G = H / KVH, R = (H + 2 * KVH) * D, D2 = D / 2, N = B * T;
-  const int64_t nc = norm_chunks(N);  // dqw, dkw summed per chunk of rows, as RMSNorm's dw
-  std::vector<float> part(size_t(nc) * (2 * D + 16), 0.0f);
+  // dqw and dkw summed per chunk of kNormRows q rows (k rows), as RMSNorm's dw sums the model's
+  // composition: blocks of kNormRows tokens hold whole chunks of both, H and KVH of them
+  const int64_t nb = norm_chunks(N), per = D + 16;
+  std::vector<float> pq(size_t(norm_chunks(N * H) * per), 0.0f),
+      pk(size_t(norm_chunks(N * KVH) * per), 0.0f);
 #pragma omp parallel if (N * R > 16384)
   {
     std::vector<float> gr(static_cast<size_t>(D));  // the row's gradient before the rotation
 #pragma omp for schedule(dynamic)
-    for (int64_t k = 0; k < nc; ++k) {
-      float* mq = part.data() + size_t(k) * (2 * D + 16);
-      for (int64_t n = N * k / nc; n < N * (k + 1) / nc; ++n) {
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int64_t n = b * kNormRows; n < std::min(N, (b + 1) * kNormRows); ++n) {
         const float *c = cos + (n % T) * D2, *s = sin + (n % T) * D2;
         for (int64_t g = 0; g < KVH; ++g) {
           const E* in = qkv + n * R + g * (G + 2) * D;
@@ -592,20 +609,18 @@ static void qk_bwd(E* dqkv, float* dqw, float* dkw, const E* dq, const E* dk, co
           for (int64_t i = 0; i <= G; ++i) {
             const bool key = i == G;
             const int64_t row = key ? n * KVH + g : n * H + g * G + i;
-            qk_row_backward<E, DC>(out + i * D, key ? mq + D : mq, (key ? dk : dq) + row * D,
-                                   in + i * D, (key ? krstd : qrstd)[row], key ? kw : qw, c, s, D,
-                                   rnd, gr.data());
+            float* const part = (key ? pk : pq).data() + size_t(row / kNormRows * per);
+            qk_row_backward<E, DC>(out + i * D, part, (key ? dk : dq) + row * D, in + i * D,
+                                   (key ? krstd : qrstd)[row], key ? kw : qw, c, s, D, rnd,
+                                   gr.data());
           }
           std::memcpy(out + (G + 1) * D, dv + (n * KVH + g) * D, size_t(D) * sizeof(E));
         }
       }
     }
   }
-  for (int64_t k = 0; k < nc; ++k)
-    for (int64_t e = 0; e < D; ++e) {
-      const float* pk = part.data() + size_t(k) * (2 * D + 16);
-      dqw[e] += pk[e], dkw[e] += pk[D + e];
-    }
+  add_chunk_sums(dqw, pq.data(), norm_chunks(N * H), size_t(per), D);
+  add_chunk_sums(dkw, pk.data(), norm_chunks(N * KVH), size_t(per), D);
 }
 void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq, const float* dk,
                            const float* dv, const float* qkv, const float* qrstd,
