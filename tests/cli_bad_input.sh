@@ -193,6 +193,39 @@ else
   fails=$((fails + 1))
 fi
 rm -f "$dir"/a* "$dir"/b* "$dir"/c*
+# Hostile files that reach the readers' limits, through every command that opens a model
+# file: containers nested far deeper than any checkpoint (2 MB of one-item tuples), a list
+# that holds itself through the pickle memo, and training-record metadata that is not a whole
+# number (a float far past 64 bits, nan).
+/usr/bin/python3 - "$dir" <<'PY'
+import json, struct, sys, zipfile
+d = sys.argv[1]
+def pt(name, pickle):
+    with zipfile.ZipFile(f"{d}/{name}", "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pickle)
+        z.writestr("archive/version", "3\n")
+pt("deep.bin", b"\x80\x02N" + b"\x85" * 2_000_000 + b".")
+pt("marks.bin", b"\x80\x02" + b"(" * 300_000 + b"t" * 300_000 + b".")
+pt("cycle.bin", b"\x80\x02]q\x00h\x00a.")
+pt("dictcycle.bin", b"\x80\x02}q\x00X\x01\x00\x00\x00ah\x00s.")
+for name, value in (("hugeint", "1e400"), ("nanint", "nan"), ("floatint", "3.5")):
+    meta = {"final_loss": "1.5", "seq_len": value}
+    hdr = json.dumps({"__metadata__": meta,
+                      "model.norm.weight": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    with open(f"{d}/{name}.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(hdr)) + hdr + b"\0" * 8)
+PY
+for f in deep marks cycle dictcycle; do
+  expect_error "check of a hostile pickle ($f)" check "$dir/$f.bin"
+  expect_error "--init-from a hostile pickle ($f)" train --init-from "$dir/$f.bin" $out
+  expect_error "export of a hostile pickle ($f)" export "$dir/$f.bin" --format pt --out "$dir/x.pt"
+done
+for f in hugeint nanint floatint; do
+  expect_error "check of safetensors metadata ($f)" check "$dir/$f.safetensors"
+  expect_error "--init-from safetensors metadata ($f)" train --init-from "$dir/$f.safetensors" $out
+  expect_error "export of safetensors metadata ($f)" export "$dir/$f.safetensors" --format pt --out "$dir/x.pt"
+done
+rm -f "$dir"/deep.bin "$dir"/marks.bin "$dir"/*cycle.bin "$dir"/*int.safetensors
 # The thread count on one CPU (taskset -c 0): the default is the CPUs this process may run
 # on; OMP_NUM_THREADS stands in for --threads, which wins over it; more threads than CPUs run,
 # with one warning line. expect_threads "what" THREADS WARNING [VAR=value ...] -- [args...]

@@ -205,6 +205,64 @@ TEST(Pickle, RejectsHostileStreams) {
 
 // A tensor longer than kEncodePiece is read from the arena and emitted by pieces of at most
 // kEncodePiece values, in order: the same bytes, and no piece (nor copy) of the whole tensor.
+// Limits the format itself lacks: nesting (a checkpoint is a few levels deep; a tree millions
+// deep would overflow the stack of any recursive walk, and of its own destruction) and
+// containers that hold themselves (the memo can build them; they could never be freed, and
+// the sanitizer build's leak check would see it).
+template <size_t N>
+std::string bytes(const char (&a)[N]) {  // a literal's bytes, NULs included
+  return std::string(a, N - 1);
+}
+
+TEST(Pickle, RefusesDeepNestingAndCyclesAndFreesEverything) {
+  const auto tuples = [](int depth) {  // None in `depth` one-item tuples
+    return "\x80\x02N" + std::string(size_t(depth), '\x85') + ".";
+  };
+  ASSERT_NO_THROW(pickle_loads(reinterpret_cast<const uint8_t*>(tuples(kMaxPickleDepth).data()),
+                               tuples(kMaxPickleDepth).size()));
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {tuples(kMaxPickleDepth + 1), "nested deeper than 100 levels"},
+      {tuples(2'000'000), "nested deeper than 100 levels"},
+      {"\x80\x02" + std::string(300'000, '(') + std::string(300'000, 't') + ".",
+       "nested deeper than 100 levels"},
+      {bytes("\x80\x02]q\x00h\x00"
+             "a."),
+       "holds itself"},  // a list in itself
+      {bytes("\x80\x02}q\x00X\x01\x00\x00\x00"
+             "ah\x00s."),
+       "holds itself"},
+      {bytes("\x80\x02]q\x00]q\x01h\x00"
+             "aah\x01."),
+       "holds itself"},  // two lists
+      {bytes("\x80\x02]q\x00h\x00"
+             "a"),
+       "unexpected end"},  // a cycle, then cut off
+  };
+  for (const auto& [pk, why] : bad) {
+    try {
+      pickle_loads(reinterpret_cast<const uint8_t*>(pk.data()), pk.size());
+      ADD_FAILURE() << "accepted: " << why;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+  // A cycle left behind on the stack, not in the result: loaded, and the cycle freed.
+  const std::string garbage(
+      "\x80\x02]q\x00h\x00"
+      "aN.",
+      10);
+  const ValuePtr r = pickle_loads(reinterpret_cast<const uint8_t*>(garbage.data()), garbage.size());
+  EXPECT_EQ(r->kind, Value::None);
+  // A shared (not cyclic) container is fine: the same list twice in a tuple.
+  const std::string shared(
+      "\x80\x02]q\x00K\x01"
+      "ah\x00\x86.",
+      12);
+  const ValuePtr t = pickle_loads(reinterpret_cast<const uint8_t*>(shared.data()), shared.size());
+  ASSERT_EQ(t->items.size(), 2u);
+  EXPECT_EQ(t->items[0].get(), t->items[1].get());
+}
+
 TEST(Checkpoint, EncodesLargeTensorsByPieces) {
   //          name   V      C    L  H  KVH D  F   ctx theta tied   eps
   const Config c{"big", 42001, 100, 1, 2, 1, 8, 16, 64, 1e4, false, 1e-6f};

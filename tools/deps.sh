@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages tiny-qwen3 needs. `deps.sh` for building and training,
 # `deps.sh --test` adds the test tools (GoogleTest, Debian's PyTorch for the parity tests,
-# clang-format),
+# clang-format, clang with libFuzzer for the fuzz targets), `deps.sh --fuzz` just the last,
 # `deps.sh --bench` those and what the benchmarks use (bc, BLIS for PyTorch).
 set -euo pipefail
 pkgs=(g++ cmake make libopenblas-openmp-dev libdnnl2 libcli11-dev nlohmann-json3-dev zlib1g-dev)
 case "${1:-}" in
-  --test) pkgs+=(libgtest-dev python3-torch clang-format) ;;
+  --test) pkgs+=(libgtest-dev python3-torch clang-format clang-14 libclang-rt-14-dev libomp-14-dev) ;;
+  --fuzz) pkgs+=(clang-14 libclang-rt-14-dev libomp-14-dev) ;;
   --bench) pkgs+=(libgtest-dev python3-torch bc time libblis4-openmp) ;;
 esac
 missing=()

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -196,6 +197,14 @@ void open_pt(ModelFile& mf) {
     mf.dtype = parse_dtype(d->s);
 }
 
+// A value from a file, for a one-line message: JSON-quoted (no raw control characters), at
+// most 40 characters of it.
+std::string shown(const std::string& v) {
+  const std::string q = json(v.size() > 40 ? v.substr(0, 40) + "..." : v)
+                            .dump(-1, ' ', false, json::error_handler_t::replace);
+  return q;
+}
+
 void add_safetensors(ModelFile& mf, const std::string& path) {
   auto st = std::make_shared<SafetensorsFile>(path);
   mf.keep.push_back(st);
@@ -209,18 +218,26 @@ void add_safetensors(ModelFile& mf, const std::string& path) {
                                 n > (t.end - t.begin) / es - begin)
                               throw Error(f->path() + ": " + t.name + ": elements out of range");
                             const uint8_t* p = f->data(t) + begin * es;
-                            if (dt == "float32") return void(std::memcpy(out, p, 4 * n));
-                            for (size_t i = 0; i < n; ++i) {
-                              if (dt == "float64") {
+                            // each dtype by its own element size; others are not weights
+                            if (dt == "float32" && es == 4) return void(std::memcpy(out, p, 4 * n));
+                            if (dt == "float64" && es == 8) {
+                              for (size_t i = 0; i < n; ++i) {
                                 double x;
                                 std::memcpy(&x, p + 8 * i, 8);
                                 out[i] = float(x);
-                              } else {
+                              }
+                              return;
+                            }
+                            if ((dt == "bfloat16" || dt == "float16") && es == 2) {
+                              for (size_t i = 0; i < n; ++i) {
                                 uint16_t h;
                                 std::memcpy(&h, p + 2 * i, 2);
                                 out[i] = dt == "bfloat16" ? bf16_to_f32(h) : half_to_f32(h);
                               }
+                              return;
                             }
+                            throw Error(f->path() + ": " + t.name + " holds " + t.dtype +
+                                        " values, not floating-point weights");
                           }});
   }
   // our export records the training run in the metadata (all values are strings)
@@ -239,9 +256,21 @@ void add_safetensors(ModelFile& mf, const std::string& path) {
     r.final_loss = d("final_loss", NAN);
     r.initial_loss = d("initial_loss", NAN);
     r.learning_rate = d("learning_rate", 0);
-    r.seq_len = int64_t(d("seq_len", 0));
-    r.seed = int64_t(d("seed", 0));
-    r.steps = int64_t(d("steps", 0));
+    // whole numbers in decimal, within 64 bits (a float there could not be converted)
+    auto whole = [&](const char* k) -> int64_t {
+      const std::string* v = get(k);
+      if (!v) return 0;
+      errno = 0;
+      char* end = nullptr;
+      const long long x = std::strtoll(v->c_str(), &end, 10);
+      if (v->empty() || *end != '\0' || errno == ERANGE)
+        throw Error(path + ": __metadata__ \"" + k + "\" is " + shown(*v) +
+                    ", not a whole number within 64 bits");
+      return x;
+    };
+    r.seq_len = whole("seq_len");
+    r.seed = whole("seed");
+    r.steps = whole("steps");
     if (std::isfinite(r.final_loss)) mf.record = r;
   }
   if (const std::string* d = get("dtype"); d && (*d == "float32" || *d == "bfloat16"))

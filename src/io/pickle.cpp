@@ -2,10 +2,29 @@
 
 #include <cstring>
 #include <map>
+#include <memory>
+#include <unordered_map>
 
 #include "core/common.h"
 
 namespace tq {
+
+Value::~Value() {
+  if (items.empty() && dict.empty()) return;
+  std::vector<ValuePtr> work;
+  const auto take_children = [&](Value& v) {
+    for (ValuePtr& x : v.items) work.push_back(std::move(x));
+    for (auto& [k, x] : v.dict) work.push_back(std::move(k)), work.push_back(std::move(x));
+    v.items.clear();
+    v.dict.clear();
+  };
+  take_children(*this);
+  while (!work.empty()) {
+    ValuePtr v = std::move(work.back());
+    work.pop_back();
+    if (v && v.use_count() == 1) take_children(*v);  // its last owner: v goes childless
+  }
+}
 
 const Value* Value::get(const std::string& key) const {
   for (const auto& [k, v] : dict)
@@ -198,6 +217,70 @@ struct Reader {
   std::vector<ValuePtr> stack;
   std::vector<std::vector<ValuePtr>> marks;
   std::map<uint32_t, ValuePtr> memo;
+  std::vector<std::weak_ptr<Value>> containers;  // every list, tuple and dict made
+
+  ValuePtr container(Value::Kind k, bool ordered = false) {
+    auto v = std::make_shared<Value>(k);
+    v->ordered = ordered;
+    containers.push_back(v);
+    return v;
+  }
+  // The finished tree must be acyclic and at most kMaxPickleDepth deep (an explicit stack,
+  // each shared node visited once).
+  void check_tree(const ValuePtr& root) {
+    std::unordered_map<const Value*, char> state;  // 1: on the current path, 2: done
+    struct Frame {
+      const Value* v;
+      size_t next;
+    };
+    std::vector<Frame> path{{root.get(), 0}};
+    state[root.get()] = 1;
+    while (!path.empty()) {
+      Frame& f = path.back();
+      const size_t kids = f.v->items.size() + 2 * f.v->dict.size();
+      if (f.next == kids) {
+        state[f.v] = 2;
+        path.pop_back();
+        continue;
+      }
+      const size_t i = f.next++;
+      const Value* c = i < f.v->items.size() ? f.v->items[i].get()
+                       : (i - f.v->items.size()) % 2 == 0
+                           ? f.v->dict[(i - f.v->items.size()) / 2].first.get()
+                           : f.v->dict[(i - f.v->items.size()) / 2].second.get();
+      if (!c || (c->items.empty() && c->dict.empty())) continue;
+      char& st = state[c];
+      if (st == 1) fail("a container holds itself (a reference cycle through the memo)");
+      if (st == 2) continue;
+      if (path.size() >= size_t(kMaxPickleDepth))
+        fail("containers nested deeper than " + std::to_string(kMaxPickleDepth) + " levels");
+      st = 1;
+      path.push_back({c, 0});
+    }
+  }
+  // Empties every container made that `keep`'s tree does not hold (all of them without one), so
+  // that no cycle among them outlives the reader.
+  void tear_down(const Value* keep) {
+    std::unordered_map<const Value*, bool> held;
+    if (keep) {
+      std::vector<const Value*> todo{keep};
+      while (!todo.empty()) {
+        const Value* v = todo.back();
+        todo.pop_back();
+        if (!held.emplace(v, true).second) continue;
+        for (const ValuePtr& x : v->items) todo.push_back(x.get());
+        for (const auto& [k, x] : v->dict) todo.push_back(k.get()), todo.push_back(x.get());
+      }
+    }
+    std::vector<ValuePtr> loose;  // freed after the loop, when no container refers to another
+    for (const std::weak_ptr<Value>& w : containers)
+      if (ValuePtr v = w.lock(); v && !held.count(v.get())) {
+        for (ValuePtr& x : v->items) loose.push_back(std::move(x));
+        for (auto& [k, x] : v->dict) loose.push_back(std::move(k)), loose.push_back(std::move(x));
+        v->items.clear();
+        v->dict.clear();
+      }
+  }
 
   [[noreturn]] void fail(const std::string& why) const {
     throw Error("checkpoint pickle: " + why + " at byte " + std::to_string(p));
@@ -254,7 +337,7 @@ struct Reader {
     const std::vector<ValuePtr>& a = args->items;
     if (fn->s == "collections.OrderedDict") {
       if (!a.empty()) fail("OrderedDict with arguments");
-      return v_dict(true);
+      return container(Value::Dict, true);
     }
     if (fn->s == "torch._utils._rebuild_tensor_v2") {
       if (a.size() < 6 || a.size() > 7) fail("_rebuild_tensor_v2 needs 6 arguments");
@@ -292,13 +375,13 @@ struct Reader {
           marks.push_back(std::move(stack)), stack.clear();
           break;
         case '}':
-          stack.push_back(v_dict());
+          stack.push_back(container(Value::Dict));
           break;
         case ']':
-          stack.push_back(v_list({}));
+          stack.push_back(container(Value::List));
           break;
         case ')':
-          stack.push_back(std::make_shared<Value>(Value::Tuple));
+          stack.push_back(container(Value::Tuple));
           break;
         case 's': {
           ValuePtr v = pop(), k = pop();
@@ -327,7 +410,7 @@ struct Reader {
           break;
         }
         case 't': {
-          auto t = std::make_shared<Value>(Value::Tuple);
+          auto t = container(Value::Tuple);
           t->items = pop_mark();
           stack.push_back(t);
           break;
@@ -335,7 +418,7 @@ struct Reader {
         case 0x85:
         case 0x86:
         case 0x87: {
-          auto t = std::make_shared<Value>(Value::Tuple);
+          auto t = container(Value::Tuple);
           t->items.resize(op - 0x84);
           for (size_t i = t->items.size(); i-- > 0;) t->items[i] = pop();
           stack.push_back(t);
@@ -460,8 +543,17 @@ struct Reader {
 }  // namespace
 
 ValuePtr pickle_loads(const uint8_t* data, size_t n) {
-  Reader r{data, n, 0, {}, {}, {}};
-  return r.run();
+  Reader r{data, n, 0, {}, {}, {}, {}};
+  ValuePtr root;
+  try {
+    root = r.run();
+    r.check_tree(root);
+  } catch (...) {
+    r.tear_down(nullptr);
+    throw;
+  }
+  r.tear_down(root.get());
+  return root;
 }
 
 }  // namespace tq

@@ -34,6 +34,11 @@ struct Value {
   TensorRef tensor;                                 // Tensor; Storage uses key/storage/numel
 
   explicit Value(Kind k) : kind(k) {}
+  Value(const Value&) = delete;
+  Value& operator=(const Value&) = delete;
+  // Frees the children it owns alone one after another, not by recursion: a tree of any depth
+  // goes without exhausting the stack.
+  ~Value();
   const Value* get(const std::string& key) const;  // Dict lookup by string key, or null
 };
 
@@ -48,7 +53,10 @@ ValuePtr v_tensor(TensorRef t);
 void dict_set(Value& d, const std::string& key, ValuePtr v);
 
 std::string pickle_dumps(const Value& v);
-ValuePtr pickle_loads(const uint8_t* data, size_t n);  // Error on anything unsupported
+// Error on anything unsupported, on a container inside itself (a pickle may build one through
+// its memo; such a tree could never be freed) and on nesting deeper than kMaxPickleDepth.
+constexpr int kMaxPickleDepth = 100;
+ValuePtr pickle_loads(const uint8_t* data, size_t n);
 
 const char* kind_name(Value::Kind k);
 size_t storage_element_size(const std::string& storage);  // 0 if unknown
