@@ -167,6 +167,7 @@ int ThreadPolicy::next(int n, const LoadSample& s, double now) {
 ThreadGovernor::ThreadGovernor(int max_threads)
     : max_(std::max(1, max_threads)), current_(max_), policy_(max_), steps_at_(size_t(max_) + 1) {
   set_threads(current_);
+  debug_ = std::getenv("TQ_GOVERNOR_DEBUG") != nullptr;
   double w;
   active_ = max_ > 1 && run_queue_wait(int(syscall(SYS_gettid)), w);
   if (!active_) return;
@@ -193,7 +194,11 @@ void ThreadGovernor::begin() {
     }
   }
   collect_team();
-  // the idle window starts with the first step
+  restart_idle_window();  // with the first step
+}
+
+void ThreadGovernor::restart_idle_window() {
+  double busy;
   if (!cpu_seconds(idle0_, busy)) idle0_ = -1;
   idle_t0_ = now_s();
 }
@@ -233,7 +238,7 @@ void ThreadGovernor::after_step() {
     idle_t0_ = t;
   }
   const int n = policy_.next(current_, s, t - start_);
-  if (std::getenv("TQ_GOVERNOR_DEBUG")) {
+  if (debug_) {
     std::fprintf(stderr, "governor: n=%d wall=%.1fms waits=", current_, s.wall * 1e3);
     for (double w : s.waits) std::fprintf(stderr, "%.1f ", w * 1e3);
     std::fprintf(stderr, "idle=%.2f -> %d\n", s.idle_cpus, n);  // (nan: not read this step)
@@ -242,9 +247,7 @@ void ThreadGovernor::after_step() {
     current_ = n;
     set_threads(n);
     collect_team();
-    double busy;  // the idle window starts again at the new count
-    if (!cpu_seconds(idle0_, busy)) idle0_ = -1;
-    idle_t0_ = now_s();
+    restart_idle_window();  // at the new count
   } else {
     wait0_ = wait;
     t0_ = now_s();

@@ -70,9 +70,11 @@ class ThreadGovernor {
   std::string summary() const;
 
  private:
-  void collect_team();  // the team's thread ids, after each change of its size
+  void collect_team();         // the team's thread ids, after each change of its size
+  void restart_idle_window();  // idle time counted from now
   int max_, current_;
   bool active_ = false;
+  bool debug_ = false;  // TQ_GOVERNOR_DEBUG set: each step's measures and decision on stderr
   ThreadPolicy policy_;
   std::vector<int> tids_;
   std::vector<double> wait0_;  // each thread's run-queue wait at the last sample

@@ -200,9 +200,8 @@ void open_pt(ModelFile& mf) {
 // A value from a file, for a one-line message: JSON-quoted (no raw control characters), at
 // most 40 characters of it.
 std::string shown(const std::string& v) {
-  const std::string q = json(v.size() > 40 ? v.substr(0, 40) + "..." : v)
-                            .dump(-1, ' ', false, json::error_handler_t::replace);
-  return q;
+  return json(v.size() > 40 ? v.substr(0, 40) + "..." : v)
+      .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 void add_safetensors(ModelFile& mf, const std::string& path) {

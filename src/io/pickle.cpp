@@ -9,20 +9,21 @@
 
 namespace tq {
 
+void Value::release_children(std::vector<ValuePtr>& into) {
+  for (ValuePtr& x : items) into.push_back(std::move(x));
+  for (auto& [k, x] : dict) into.push_back(std::move(k)), into.push_back(std::move(x));
+  items.clear();
+  dict.clear();
+}
+
 Value::~Value() {
   if (items.empty() && dict.empty()) return;
   std::vector<ValuePtr> work;
-  const auto take_children = [&](Value& v) {
-    for (ValuePtr& x : v.items) work.push_back(std::move(x));
-    for (auto& [k, x] : v.dict) work.push_back(std::move(k)), work.push_back(std::move(x));
-    v.items.clear();
-    v.dict.clear();
-  };
-  take_children(*this);
+  release_children(work);
   while (!work.empty()) {
     ValuePtr v = std::move(work.back());
     work.pop_back();
-    if (v && v.use_count() == 1) take_children(*v);  // its last owner: v goes childless
+    if (v && v.use_count() == 1) v->release_children(work);  // its last owner: v goes childless
   }
 }
 
@@ -274,12 +275,7 @@ struct Reader {
     }
     std::vector<ValuePtr> loose;  // freed after the loop, when no container refers to another
     for (const std::weak_ptr<Value>& w : containers)
-      if (ValuePtr v = w.lock(); v && !held.count(v.get())) {
-        for (ValuePtr& x : v->items) loose.push_back(std::move(x));
-        for (auto& [k, x] : v->dict) loose.push_back(std::move(k)), loose.push_back(std::move(x));
-        v->items.clear();
-        v->dict.clear();
-      }
+      if (ValuePtr v = w.lock(); v && !held.count(v.get())) v->release_children(loose);
   }
 
   [[noreturn]] void fail(const std::string& why) const {

@@ -39,6 +39,8 @@ struct Value {
   // Frees the children it owns alone one after another, not by recursion: a tree of any depth
   // goes without exhausting the stack.
   ~Value();
+  // Moves its children (items, and dict keys and values) to the end of `into`, leaving it empty.
+  void release_children(std::vector<ValuePtr>& into);
   const Value* get(const std::string& key) const;  // Dict lookup by string key, or null
 };
 

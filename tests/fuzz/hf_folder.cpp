@@ -2,6 +2,7 @@
 // even) beside fixed small weights, or its model.safetensors.index.json (odd) beside fixed
 // shards and config.json. A weights file, or tq::Error.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -9,9 +10,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/common.h"
 #include "io/model_file.h"
+#include "io/safetensors.h"
 
 namespace {
 
@@ -22,36 +25,41 @@ void put(const std::string& path, const void* data, size_t size) {
 void put(const std::string& path, const std::string& s) {
   put(path, s.data(), s.size());
 }
-// A safetensors file of F32 tensors named `names`, each of 4 values.
-std::string shard(std::initializer_list<const char*> names) {
-  std::string hdr = "{", data;
-  size_t at = 0;
-  for (const char* n : names) {
-    if (hdr.size() > 1) hdr += ",";
-    hdr += std::string("\"") + n + "\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[" +
-           std::to_string(at) + "," + std::to_string(at + 16) + "]}";
-    at += 16;
-  }
-  hdr += "}";
-  hdr.append((8 - hdr.size() % 8) % 8, ' ');
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[size_t(i)] = char((hdr.size() >> (8 * i)) & 0xff);
-  return out + hdr + std::string(at, '\0');
+// A safetensors file of F32 tensors named `names`, each of 4 zeros, by the project's writer.
+void shard(const std::string& path, std::initializer_list<const char*> names) {
+  std::vector<tq::StOutTensor> ts;
+  for (const char* n : names)
+    ts.push_back({n, "F32", {4}, [](const tq::ByteSink& emit) {
+                    const float zeros[4] = {};
+                    emit(zeros, sizeof zeros);
+                  }});
+  tq::save_safetensors(path, std::move(ts), {});
 }
 
 struct Folders {
-  std::string weights, sharded;  // config.json fuzzed; the index fuzzed
+  std::string root, weights, sharded;  // config.json fuzzed; the index fuzzed
   Folders() {
     char tmpl[] = "/tmp/tq-fuzz-hf.XXXXXX";
-    const char* root = mkdtemp(tmpl);
-    if (!root) std::abort();
-    weights = std::string(root) + "/w";
-    sharded = std::string(root) + "/s";
+    if (!mkdtemp(tmpl)) std::abort();
+    root = tmpl;
+    weights = root + "/w";
+    sharded = root + "/s";
     if (mkdir(weights.c_str(), 0700) || mkdir(sharded.c_str(), 0700)) std::abort();
-    put(weights + "/model.safetensors", shard({"model.norm.weight", "lm_head.weight"}));
-    put(sharded + "/model-00001-of-00002.safetensors", shard({"model.norm.weight"}));
-    put(sharded + "/model-00002-of-00002.safetensors", shard({"model.embed_tokens.weight"}));
+    shard(weights + "/model.safetensors", {"model.norm.weight", "lm_head.weight"});
+    shard(sharded + "/model-00001-of-00002.safetensors", {"model.norm.weight"});
+    shard(sharded + "/model-00002-of-00002.safetensors", {"model.embed_tokens.weight"});
     put(sharded + "/config.json", "{\"model_type\": \"qwen3\", \"hidden_size\": 4}");
+  }
+  ~Folders() {  // at the fuzzer's exit
+    for (const std::string& f :
+         {weights + "/model.safetensors", weights + "/config.json",
+          sharded + "/model-00001-of-00002.safetensors",
+          sharded + "/model-00002-of-00002.safetensors", sharded + "/config.json",
+          sharded + "/model.safetensors.index.json"})
+      unlink(f.c_str());
+    rmdir(weights.c_str());
+    rmdir(sharded.c_str());
+    rmdir(root.c_str());
   }
 };
 
