@@ -15,6 +15,7 @@
 #include "core/common.h"
 #include "io/file.h"
 #include "text/bpe_train.h"
+#include "text/jsonl.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
 
@@ -141,17 +142,6 @@ uint64_t each_jsonl_batch(Input& in, Output& out, int threads, Work&& work) {
   return produced;
 }
 
-// The text of one JSONL line {"text": ...}; nullopt for a blank line.
-std::optional<std::string> jsonl_text(std::string_view line, uint64_t no, const std::string& src) {
-  if (line.find_first_not_of(" \t\r") == std::string_view::npos) return std::nullopt;
-  json j = json::parse(line, nullptr, false);
-  const std::string at = src + " line " + std::to_string(no);
-  if (j.is_discarded()) throw Error(at + ": not JSON (each line must be {\"text\": ...})");
-  if (!j.is_object() || !j.contains("text") || !j["text"].is_string())
-    throw Error(at + ": no string field \"text\" (each line must be {\"text\": ...})");
-  return j["text"].get<std::string>();
-}
-
 }  // namespace
 
 int encode_command(const EncodeArgs& a) {
@@ -162,7 +152,7 @@ int encode_command(const EncodeArgs& a) {
   if (a.jsonl) {
     const uint64_t docs = each_jsonl_batch(in, out, threads_or_all(a.threads),
                      [&](std::string_view line, uint64_t no, std::string& res) {
-                       const auto text = jsonl_text(line, no, in.path());
+                       const auto text = jsonl_text(line, in.path() + " line " + std::to_string(no));
                        if (!text) return;
                        std::vector<uint32_t> ids;
                        tok.encode(*text, ids, special);

@@ -4,6 +4,7 @@
 #include <pcre2.h>
 
 #include "core/common.h"
+#include "text/unicode_tables.h"
 
 namespace tq::text {
 namespace {
@@ -34,6 +35,28 @@ MatchState& match_state() {
   return s;
 }
 
+// \p{L} and \p{N} as the library's Oniguruma (Unicode 16.0) reads them: PCRE2 10.42 has Unicode
+// 14.0, so the letters and numbers assigned since are added (text/unicode_tables.h).
+std::string with_onig_extra(const char* prop, const CodeRange* begin, const CodeRange* end) {
+  std::string s = prop;
+  char b[32];
+  for (const CodeRange* r = begin; r != end; ++r) {
+    std::snprintf(b, sizeof b, "\\x{%X}-\\x{%X}", r->first, r->last);
+    s += b;
+  }
+  return s;
+}
+const std::string& letters() {
+  static const std::string s = with_onig_extra("\\p{L}", std::begin(kOnigLettersAfterUnicode14),
+                                              std::end(kOnigLettersAfterUnicode14));
+  return s;
+}
+const std::string& numbers() {
+  static const std::string s = with_onig_extra("\\p{N}", std::begin(kOnigNumbersAfterUnicode14),
+                                              std::end(kOnigNumbersAfterUnicode14));
+  return s;
+}
+
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buf[256];
   pcre2_get_error_message(code, buf, sizeof buf);
@@ -52,6 +75,16 @@ std::string onig_to_pcre2(std::string_view p) {
   bool in_class = false;
   for (size_t i = 0; i < p.size(); ++i) {
     const char c = p[i];
+    if (c == '\\' && i + 4 < p.size() && (p[i + 1] == 'p' || p[i + 1] == 'P') &&
+        (p.substr(i + 2, 3) == "{L}" || p.substr(i + 2, 3) == "{N}")) {
+      const std::string& set = p[i + 3] == 'L' ? letters() : numbers();
+      const bool negated = p[i + 1] == 'P';
+      if (in_class && !negated) out += set;
+      else if (!in_class) out += (negated ? "[^" : "[") + set + "]";
+      else out.append(p.substr(i, 5));  // \P{L} in a class: PCRE2's own (Unicode 14.0)
+      i += 4;
+      continue;
+    }
     if (c == '\\' && i + 1 < p.size()) {
       const char e = p[++i];
       const char* set = e == 's' || e == 'S'   ? kSpaceSet
@@ -105,8 +138,8 @@ Regex::Regex(const std::string& pattern, bool literal, const std::string& where)
   const std::string translated = literal ? pattern : onig_to_pcre2(pattern);
   int err = 0;
   PCRE2_SIZE at = 0;
-  uint32_t options = PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK;
-  options |= literal ? PCRE2_LITERAL : PCRE2_MULTILINE;
+  const uint32_t options = PCRE2_UTF | PCRE2_NO_UTF_CHECK |
+                           (literal ? PCRE2_LITERAL : PCRE2_UCP | PCRE2_MULTILINE);
   code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
                         options, &err, &at, nullptr);
   if (!code_)

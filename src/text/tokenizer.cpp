@@ -15,6 +15,7 @@
 
 #include "core/common.h"
 #include "text/regex.h"
+#include "text/unicode_tables.h"
 #include "text/utf8.h"
 
 namespace tq::text {
@@ -73,17 +74,28 @@ struct Normalizer {
       case NFKD: {
         // ASCII is in every normal form; most text is ASCII and skips utf8proc.
         if (valid_ascii(s)) return;
-        int opts = UTF8PROC_STABLE;
-        if (kind == NFC || kind == NFKC) opts |= UTF8PROC_COMPOSE;
-        if (kind == NFD || kind == NFKD) opts |= UTF8PROC_DECOMPOSE;
-        if (kind == NFKC || kind == NFKD) opts |= UTF8PROC_COMPAT;
-        utf8proc_uint8_t* out = nullptr;
-        const utf8proc_ssize_t n =
-            utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                         utf8proc_ssize_t(s.size()), &out, utf8proc_option_t(opts));
-        if (n < 0) throw Error(std::string("Unicode normalization failed: ") + utf8proc_errmsg(n));
-        s.assign(reinterpret_cast<const char*>(out), size_t(n));
-        std::free(out);
+        // The library normalizes with Unicode 9.0 data: a character assigned since that takes
+        // part in normalization is, to it, an unassigned starter, which nothing composes or
+        // reorders across. So the runs between such characters are normalized apart.
+        std::string out;
+        size_t run = 0;
+        for (size_t i = 0; i < s.size();) {
+          const size_t at = i;
+          if (static_cast<unsigned char>(s[i]) < 0x80) {
+            ++i;
+            continue;
+          }
+          if (!after_unicode9(next_code_point(s, i))) continue;
+          out += normal_form(std::string_view(s).substr(run, at - run));
+          out.append(s, at, i - at);
+          run = i;
+        }
+        if (run == 0) {
+          s = normal_form(s);
+        } else {
+          out += normal_form(std::string_view(s).substr(run));
+          s = std::move(out);
+        }
         return;
       }
       case Prepend:
@@ -121,6 +133,28 @@ struct Normalizer {
         return;
       }
     }
+  }
+  std::string normal_form(std::string_view s) const {
+    if (s.empty()) return {};
+    int opts = UTF8PROC_STABLE;
+    if (kind == NFC || kind == NFKC) opts |= UTF8PROC_COMPOSE;
+    if (kind == NFD || kind == NFKD) opts |= UTF8PROC_DECOMPOSE;
+    if (kind == NFKC || kind == NFKD) opts |= UTF8PROC_COMPAT;
+    utf8proc_uint8_t* out = nullptr;
+    const utf8proc_ssize_t n =
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                     utf8proc_ssize_t(s.size()), &out, utf8proc_option_t(opts));
+    if (n < 0) throw Error(std::string("Unicode normalization failed: ") + utf8proc_errmsg(n));
+    std::string r(reinterpret_cast<const char*>(out), size_t(n));
+    std::free(out);
+    return r;
+  }
+  static bool after_unicode9(uint32_t cp) {
+    const auto& t = kNormalizationAfterUnicode9;
+    if (cp < t[0].first) return false;
+    const auto* it = std::upper_bound(std::begin(t), std::end(t), cp,
+                                      [](uint32_t c, const CodeRange& r) { return c < r.first; });
+    return it != std::begin(t) && cp <= (it - 1)->last;
   }
   static bool valid_ascii(const std::string& s) {
     for (unsigned char c : s)
@@ -1210,16 +1244,14 @@ std::optional<uint32_t> Tokenizer::end_of_text() const {
 // ---------------------------------------------------------------------------------------------
 // Streaming: text is encoded in chunks cut where the result cannot depend on what follows.
 
-namespace {
-constexpr size_t kChunkBytes = 1 << 20;
-}
-
-StreamEncoder::StreamEncoder(const Tokenizer& tok, Sink sink, bool add_special_tokens)
-    : tok_(tok), sink_(std::move(sink)), add_special_(add_special_tokens) {}
+StreamEncoder::StreamEncoder(const Tokenizer& tok, Sink sink, bool add_special_tokens,
+                             size_t chunk_bytes)
+    : tok_(tok), sink_(std::move(sink)), add_special_(add_special_tokens),
+      chunk_(std::max<size_t>(chunk_bytes, 1)) {}
 
 void StreamEncoder::feed(std::string_view bytes) {
   pending_.append(bytes);
-  if (pending_.size() >= kChunkBytes + kChunkBytes / 2 && tok_.impl_->streamable) flush(false);
+  if (pending_.size() >= chunk_ + chunk_ / 2 && tok_.impl_->streamable) flush(false);
 }
 
 void StreamEncoder::finish() {
@@ -1246,7 +1278,7 @@ void StreamEncoder::flush(bool final) {
   size_t c = pending_.size();
   if (!final) {
     const size_t reserve = t.raw_added.max_len();
-    if (pending_.size() <= kChunkBytes + reserve) return;
+    if (pending_.size() <= chunk_ + reserve) return;
     c = pending_.size() - reserve;
     std::vector<Match> occ;
     t.raw_added.occurrences(pending_, occ);

@@ -81,7 +81,9 @@ class Tokenizer {
 class StreamEncoder {
  public:
   using Sink = std::function<void(const uint32_t* ids, size_t n)>;
-  StreamEncoder(const Tokenizer& tok, Sink sink, bool add_special_tokens = true);
+  // chunk_bytes: how much raw text it gathers before encoding a chunk (tests make it small).
+  StreamEncoder(const Tokenizer& tok, Sink sink, bool add_special_tokens = true,
+                size_t chunk_bytes = size_t(1) << 20);
   void feed(std::string_view bytes);
   void finish();  // encodes what is held and applies the post-processor
 
@@ -91,6 +93,7 @@ class StreamEncoder {
   const Tokenizer& tok_;
   Sink sink_;
   bool add_special_;
+  size_t chunk_;
   std::string pending_;  // raw bytes not yet encoded
   std::string carry_;    // normalized text the pre-tokenizer has not settled
   bool started_ = false;
