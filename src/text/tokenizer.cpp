@@ -1296,6 +1296,15 @@ void StreamEncoder::flush(bool final) {
   }
   const std::string chunk = repair_utf8(std::string_view(pending_).substr(0, c));
   pending_.erase(0, c);
+  if (!t.streamable) {  // held whole (final): encoded as Tokenizer::encode does
+    t.encode_valid(chunk, ids);
+    if (add_special_) {
+      started_ = true;
+      t.post_process(ids, 0);
+    }
+    emit(ids);
+    return;
+  }
   std::vector<Match> ms;
   t.raw_added.matches(chunk, ms);
   size_t prev = 0;
