@@ -97,7 +97,7 @@ print("mixed: %d documents, %.1f MB: Brown %.0f%%, %d files of /usr/share/doc an
       % (n, size / 1e6, 100 * parts["brown"] / size, len(texts), 100 * parts["doc"] / size,
          len(inputs), 100 * parts["hard"] / size, 100 - 100 * ascii / size))
 EOF
-: >"$out/empty.jsonl"
+echo '{"text": ""}' >"$out/empty.jsonl"  # one empty document: start-up only
 
 now() { date +%s.%N; }
 # tiny-qwen3's start-up: the fastest of 3 encodes of an empty input

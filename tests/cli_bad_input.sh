@@ -253,6 +253,53 @@ expect_threads() {
   fi
   rm -f "$dir"/t.pt
 }
+# The tokenizer commands: one line, exit 2, and no output file (a tokenizer, ids, text, or a
+# shard folder) left behind.
+printf 'the quick brown fox\njumps over the lazy dog\n' >"$dir/text.txt"
+"$bin" tokenizer-train --vocab-size 300 --input "$dir/text.txt" --out "$dir/tok.json" >/dev/null
+expect_none() {  # expect_none "what" PATH args...: expect_error, and PATH must not exist
+  local what=$1 path=$2
+  shift 2
+  expect_error "$what" "$@"
+  if [ -e "$path" ]; then
+    echo "FAIL: $what: left $path"
+    fails=$((fails + 1))
+    rm -rf "$path"
+  fi
+}
+expect_none "encode: missing tokenizer" "$dir/ids" encode --tokenizer "$dir/none.json" --input "$dir/text.txt" --output "$dir/ids"
+head -c 3000 "$dir/tok.json" >"$dir/truncated.json"
+expect_none "encode: truncated tokenizer.json" "$dir/ids" encode --tokenizer "$dir/truncated.json" --input "$dir/text.txt" --output "$dir/ids"
+sed 's/"type": "BPE"/"type": "WordPiece"/' "$dir/tok.json" >"$dir/wordpiece.json"
+expect_none "encode: unsupported model" "$dir/ids" encode --tokenizer "$dir/wordpiece.json" --input "$dir/text.txt" --output "$dir/ids"
+sed 's/"type": "NFC"/"type": "Lowercase"/' "$dir/tok.json" >"$dir/lower.json"
+expect_none "encode: unsupported normalizer" "$dir/ids" encode --tokenizer "$dir/lower.json" --input "$dir/text.txt" --output "$dir/ids"
+: >"$dir/empty.txt"
+expect_none "encode: empty input" "$dir/ids" encode --tokenizer "$dir/tok.json" --input "$dir/empty.txt" --output "$dir/ids"
+expect_none "encode: missing input" "$dir/ids" encode --tokenizer "$dir/tok.json" --input "$dir/none.txt" --output "$dir/ids"
+printf '{"text": "a"}\n{"txt": "b"}\n' >"$dir/bad.jsonl"
+expect_none "encode: a JSONL line without text" "$dir/ids" encode --tokenizer "$dir/tok.json" --input "$dir/bad.jsonl" --jsonl --output "$dir/ids"
+printf '{"text": "a"}\nnot json\n' >"$dir/bad2.jsonl"
+expect_none "encode: a JSONL line that is not JSON" "$dir/ids" encode --tokenizer "$dir/tok.json" --input "$dir/bad2.jsonl" --jsonl --output "$dir/ids"
+printf '1 2 x 3' >"$dir/ids.txt"
+expect_none "decode: not a number" "$dir/text" decode --tokenizer "$dir/tok.json" --input "$dir/ids.txt" --output "$dir/text"
+printf '1 2 999999' >"$dir/ids.txt"
+expect_none "decode: an id past the vocabulary" "$dir/text" decode --tokenizer "$dir/tok.json" --input "$dir/ids.txt" --output "$dir/text"
+printf '1 2 99999999999' >"$dir/ids.txt"
+expect_none "decode: an id past 32 bits" "$dir/text" decode --tokenizer "$dir/tok.json" --input "$dir/ids.txt" --output "$dir/text"
+expect_none "tokenizer-train: vocabulary below 257" "$dir/t2.json" tokenizer-train --vocab-size 100 --input "$dir/text.txt" --out "$dir/t2.json"
+expect_none "tokenizer-train: empty input" "$dir/t2.json" tokenizer-train --vocab-size 300 --input "$dir/empty.txt" --out "$dir/t2.json"
+expect_none "tokenizer-train: missing input" "$dir/t2.json" tokenizer-train --vocab-size 300 --input "$dir/none.txt" --out "$dir/t2.json"
+expect_none "tokenizer-train: no --input" "$dir/t2.json" tokenizer-train --vocab-size 300 --out "$dir/t2.json"
+expect_none "prepare: no documents" "$dir/shards" prepare --tokenizer "$dir/tok.json" --input "$dir/empty.txt" --out "$dir/shards"
+expect_none "prepare: two sources" "$dir/shards" prepare --tokenizer "$dir/tok.json" --input "$dir/text.txt" --jsonl "$dir/bad.jsonl" --out "$dir/shards"
+expect_none "prepare: a bad JSONL line" "$dir/shards" prepare --tokenizer "$dir/tok.json" --jsonl "$dir/bad.jsonl" --out "$dir/shards"
+expect_none "prepare: val fraction 1" "$dir/shards" prepare --tokenizer "$dir/tok.json" --input "$dir/text.txt" --val-fraction 1 --out "$dir/shards"
+expect_none "prepare: zero shard tokens" "$dir/shards" prepare --tokenizer "$dir/tok.json" --input "$dir/text.txt" --shard-tokens 0 --out "$dir/shards"
+mkdir -p "$dir/full" && echo x >"$dir/full/keep"
+expect_error "prepare: an output folder that is not empty" prepare --tokenizer "$dir/tok.json" --input "$dir/text.txt" --out "$dir/full"
+[ "$(ls "$dir/full")" = keep ] || { echo "FAIL: prepare wrote into a folder that was not empty"; fails=$((fails + 1)); }
+expect_none "brown-text: not a Brown corpus" "$dir/b.jsonl" brown-text "$dir/full" --out "$dir/b.jsonl"
 if command -v taskset >/dev/null; then
   expect_threads "default threads" 1 "" --
   expect_threads "--threads 2" 2 "--threads 2 is more than the 1 CPU(s)" -- --threads 2

@@ -47,11 +47,13 @@ TEST(Utf8, RepairIsPythonsReplace) {
   const std::string R = "\xEF\xBF\xBD";
   EXPECT_EQ(repair_utf8("\xFF"), R);
   EXPECT_EQ(repair_utf8("\xE0\x80"), R + R);
-  EXPECT_EQ(repair_utf8("\xE2\x82"), R);  // a truncated sequence at the end: one
+  EXPECT_EQ(repair_utf8("\xE2\x82"), R);              // a truncated sequence at the end: one
   EXPECT_EQ(repair_utf8("\xED\xA0\x80"), R + R + R);  // a surrogate
   EXPECT_EQ(repair_utf8("\xF0\x9F\x98x"), R + "x");
   EXPECT_EQ(repair_utf8("\xC0\x80"), R + R);  // overlong
-  EXPECT_EQ(repair_utf8("a\xF4\x90\x80\x80" "b"), "a" + R + R + R + R + "b");  // past U+10FFFF
+  EXPECT_EQ(repair_utf8("a\xF4\x90\x80\x80"
+                        "b"),
+            "a" + R + R + R + R + "b");  // past U+10FFFF
   EXPECT_EQ(repair_utf8("caf\xC3\xA9 \xF0\x9F\x98\x80"), "caf\xC3\xA9 \xF0\x9F\x98\x80");
   size_t held = 0;
   EXPECT_EQ(repair_utf8("ab\xF0\x9F", false, &held), "ab");
@@ -108,9 +110,9 @@ TEST(Regex, EmptyMatchesAndPartialText) {
 
 TEST(Bpe, MergesByRankLeftmostFirst) {
   const Tokenizer t = make(byte_level_json({{"a", "b"}, {"ab", "c"}, {"b", "c"}, {"a", "a"}}));
-  EXPECT_EQ(t.encode("abc"), (Ids{257}));              // ab (rank 0), then abc (rank 1)
-  EXPECT_EQ(t.encode("bcab"), (Ids{258, 256}));        // ab first although bc is left of it
-  EXPECT_EQ(t.encode("aaa"), (Ids{259, 'a'}));         // the leftmost of two equal pairs
+  EXPECT_EQ(t.encode("abc"), (Ids{257}));        // ab (rank 0), then abc (rank 1)
+  EXPECT_EQ(t.encode("bcab"), (Ids{258, 256}));  // ab first although bc is left of it
+  EXPECT_EQ(t.encode("aaa"), (Ids{259, 'a'}));   // the leftmost of two equal pairs
   EXPECT_EQ(t.encode("xy"), (Ids{'x', 'y'}));
   EXPECT_EQ(t.decode({258, 256, 'x'}), "bcabx");
 }
@@ -128,7 +130,9 @@ TEST(Bpe, ByteFallbackUnknownAndFused) {
   // Characters, not bytes (no ByteLevel): é is not in the vocabulary.
   json vocab = {{"a", 0}, {"<unk>", 1}, {"<0xC3>", 2}, {"<0xA9>", 3}};
   json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
-  EXPECT_EQ(make(j).encode("a\xC3\xA9" "a"), (Ids{0, 0}));  // dropped: no unk, no fallback
+  EXPECT_EQ(make(j).encode("a\xC3\xA9"
+                           "a"),
+            (Ids{0, 0}));  // dropped: no unk, no fallback
   j["model"]["unk_token"] = "<unk>";
   EXPECT_EQ(make(j).encode("a\xC3\xA9\xC3\xA9"), (Ids{0, 1, 1}));
   j["model"]["fuse_unk"] = true;
@@ -143,8 +147,8 @@ json with_added(json j, const json& tok) {
   return j;
 }
 json added(const std::string& content, uint32_t id) {
-  return {{"id", id},          {"content", content}, {"special", true}, {"normalized", false},
-          {"lstrip", false},   {"rstrip", false},    {"single_word", false}};
+  return {{"id", id},        {"content", content}, {"special", true},     {"normalized", false},
+          {"lstrip", false}, {"rstrip", false},    {"single_word", false}};
 }
 
 TEST(AddedTokens, MatchedBeforeTheModelWithTheirRules) {
@@ -155,8 +159,7 @@ TEST(AddedTokens, MatchedBeforeTheModelWithTheirRules) {
   EXPECT_EQ(make(with_added(byte_level_json({}), a)).encode("a  <m>b"), (Ids{'a', 300, 'b'}));
   a["lstrip"] = false;
   a["rstrip"] = true;
-  EXPECT_EQ(make(with_added(byte_level_json({}), a)).encode("a <m>  b"),
-            (Ids{'a', ' ', 300, 'b'}));
+  EXPECT_EQ(make(with_added(byte_level_json({}), a)).encode("a <m>  b"), (Ids{'a', ' ', 300, 'b'}));
   a["rstrip"] = false;
   a["single_word"] = true;
   const Tokenizer t = make(with_added(byte_level_json({}), a));
@@ -200,8 +203,9 @@ TEST(PreTokenizer, ByteLevelWithGpt2Regex) {
   const Tokenizer t = make(byte_level_json({}, pre));
   using V = std::vector<std::string>;
   // a prefix space, then GPT-2's pattern: ' ?\p{L}+', contractions, '\s+(?!\S)'
-  EXPECT_EQ(pieces(t, "Hello  world's 42"),
-            (V{"\xC4\xA0Hello", "\xC4\xA0", "\xC4\xA0world", "'s", "\xC4\xA0" "42"}));
+  EXPECT_EQ(pieces(t, "Hello  world's 42"), (V{"\xC4\xA0Hello", "\xC4\xA0", "\xC4\xA0world", "'s",
+                                               "\xC4\xA0"
+                                               "42"}));
 }
 
 TEST(PostProcessor, TemplateAddsItsTokensUnlessAskedNot) {
@@ -219,8 +223,8 @@ TEST(PostProcessor, TemplateAddsItsTokensUnlessAskedNot) {
   EXPECT_EQ(t.encode("ab"), (Ids{300, 'a', 'b', 301}));
   EXPECT_EQ(t.encode("ab", false), (Ids{'a', 'b'}));
   Ids streamed;
-  StreamEncoder s(t, [&](const uint32_t* p, size_t n) { streamed.insert(streamed.end(), p, p + n); },
-                  true, 1);
+  StreamEncoder s(
+      t, [&](const uint32_t* p, size_t n) { streamed.insert(streamed.end(), p, p + n); }, true, 1);
   s.feed("a");
   s.feed("b");
   s.finish();
@@ -229,9 +233,9 @@ TEST(PostProcessor, TemplateAddsItsTokensUnlessAskedNot) {
 
 TEST(Normalizer, NfcAndSequence) {
   json j = byte_level_json({});
-  j["normalizer"] = {{"type", "Sequence"},
-                     {"normalizers", json::array({{{"type", "NFC"}},
-                                                  {{"type", "Prepend"}, {"prepend", "_"}}})}};
+  j["normalizer"] = {
+      {"type", "Sequence"},
+      {"normalizers", json::array({{{"type", "NFC"}}, {{"type", "Prepend"}, {"prepend", "_"}}})}};
   const Tokenizer t = make(j);
   EXPECT_EQ(t.normalize("e\xCC\x81"), "_\xC3\xA9");  // e + U+0301 -> é
   EXPECT_EQ(t.encode("e\xCC\x81"), (Ids{'_', 0xC3, 0xA9}));
@@ -270,8 +274,8 @@ TEST(Tokenizer, WhatItDoesNotSupportIsNamed) {
   j["decoder"] = {{"type", "WordPiece"}};
   EXPECT_NE(error_of(j).find("decoder.type"), std::string::npos);
   j = byte_level_json({});
-  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}},
-                        {"behavior", "Isolated"}};
+  j["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
   EXPECT_NE(error_of(j).find("pre_tokenizer.pattern"), std::string::npos);
   EXPECT_THROW(Tokenizer::from_json("{\"model\": ", "t.json"), Error);
   EXPECT_THROW(Tokenizer::load("/nonexistent/tokenizer.json"), Error);
@@ -281,10 +285,32 @@ TEST(Tokenizer, WhatItDoesNotSupportIsNamed) {
 // Text that exercises every pipeline stage: words, contractions, digits, runs of spaces and
 // newlines, CJK, combining marks (NFC), emoji, special tokens, invalid UTF-8.
 std::string mixed_text(uint32_t seed, size_t n) {
-  static const char* parts[] = {"the", "The", " quick", "'s", "'LL", " 12345", "3.14", "  ",
-                                "    ", "\n", "\n\n", "\r\n", "\t", " \n ", "\xE4\xBD\xA0\xE5\xA5\xBD",
-                                "e\xCC\x81", "\xC3\xA9", "\xF0\x9F\x98\x80", "<|endoftext|>",
-                                "<|end", "\xFF", "\xE2\x82", "--", "!?", " (x)", "\xE3\x80\x80"};
+  static const char* parts[] = {"the",
+                                "The",
+                                " quick",
+                                "'s",
+                                "'LL",
+                                " 12345",
+                                "3.14",
+                                "  ",
+                                "    ",
+                                "\n",
+                                "\n\n",
+                                "\r\n",
+                                "\t",
+                                " \n ",
+                                "\xE4\xBD\xA0\xE5\xA5\xBD",
+                                "e\xCC\x81",
+                                "\xC3\xA9",
+                                "\xF0\x9F\x98\x80",
+                                "<|endoftext|>",
+                                "<|end",
+                                "\xFF",
+                                "\xE2\x82",
+                                "--",
+                                "!?",
+                                " (x)",
+                                "\xE3\x80\x80"};
   std::mt19937 g(seed);
   std::string s;
   while (s.size() < n) s += parts[g() % (sizeof parts / sizeof *parts)];
@@ -307,8 +333,8 @@ TEST(Tokenizer, StreamingEqualsWholeAtAnyChunking) {
       EXPECT_EQ(t.decode(whole), t.normalize(text));
       for (size_t chunk : {1, 7, 64, 1000}) {
         Ids got;
-        StreamEncoder s(t, [&](const uint32_t* p, size_t n) { got.insert(got.end(), p, p + n); },
-                        true, chunk);
+        StreamEncoder s(
+            t, [&](const uint32_t* p, size_t n) { got.insert(got.end(), p, p + n); }, true, chunk);
         std::mt19937 g(seed + uint32_t(chunk));
         for (size_t i = 0; i < text.size();) {
           const size_t n = std::min<size_t>(1 + g() % 50, text.size() - i);
@@ -335,8 +361,8 @@ TEST(BpeTrainer, TheLibrarysMergeOrder) {
   o.vocab_size = 300;
   const BpeTrainer::Result r = tr.train(o);
   const json j = json::parse(r.json);
-  const json want = json::array({{"u", "g"}, {"u", "n"}, {"h", "ug"}, {"p", "un"}, {"p", "ug"},
-                                 {"hug", "s"}, {"b", "un"}});
+  const json want = json::array(
+      {{"u", "g"}, {"u", "n"}, {"h", "ug"}, {"p", "un"}, {"p", "ug"}, {"hug", "s"}, {"b", "un"}});
   EXPECT_EQ(j["model"]["merges"], want);
   EXPECT_EQ(r.vocab, 256u + 7 + 1);
   EXPECT_EQ(j["model"]["vocab"]["ug"], 256);

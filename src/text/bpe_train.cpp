@@ -29,12 +29,11 @@ ojson pipeline() {
   j["normalizer"] = {{"type", "NFC"}};
   j["pre_tokenizer"] = {
       {"type", "Sequence"},
-      {"pretokenizers",
-       ojson::array({ojson{{"type", "Split"},
-                           {"pattern", {{"Regex", kQwenPattern}}},
-                           {"behavior", "Isolated"},
-                           {"invert", false}},
-                     byte_level_json()})}};
+      {"pretokenizers", ojson::array({ojson{{"type", "Split"},
+                                            {"pattern", {{"Regex", kQwenPattern}}},
+                                            {"behavior", "Isolated"},
+                                            {"invert", false}},
+                                      byte_level_json()})}};
   j["post_processor"] = byte_level_json();
   j["decoder"] = byte_level_json();
   return j;
@@ -93,13 +92,14 @@ std::string qwen_pipeline_json() {
   return pipeline().dump();
 }
 
-BpeTrainer::BpeTrainer() : pipeline_([] {
-  ojson j = pipeline();
-  ojson vocab = ojson::object();
-  for (size_t b = 0; b < 256; ++b) vocab[byte_level_chars()[b]] = b;
-  j["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", ojson::array()}};
-  return Tokenizer::from_json(j.dump(), "the BPE trainer's pipeline");
-}()) {}
+BpeTrainer::BpeTrainer()
+    : pipeline_([] {
+        ojson j = pipeline();
+        ojson vocab = ojson::object();
+        for (size_t b = 0; b < 256; ++b) vocab[byte_level_chars()[b]] = b;
+        j["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", ojson::array()}};
+        return Tokenizer::from_json(j.dump(), "the BPE trainer's pipeline");
+      }()) {}
 
 void BpeTrainer::feed(std::string_view text) {
   size_t i = 0;
@@ -260,8 +260,7 @@ BpeTrainer::Result BpeTrainer::train(const BpeTrainOptions& opt) const {
   j["padding"] = nullptr;
   j["added_tokens"] = added;
   const ojson pipe = pipeline();
-  for (const char* k : {"normalizer", "pre_tokenizer", "post_processor", "decoder"})
-    j[k] = pipe[k];
+  for (const char* k : {"normalizer", "pre_tokenizer", "post_processor", "decoder"}) j[k] = pipe[k];
   j["model"] = {{"type", "BPE"},
                 {"dropout", nullptr},
                 {"unk_token", nullptr},

@@ -13,9 +13,9 @@
 namespace tq::text {
 
 struct BpeTrainOptions {
-  size_t vocab_size = 2048;                // bytes + merged tokens + special tokens
+  size_t vocab_size = 2048;  // bytes + merged tokens + special tokens
   std::vector<std::string> special_tokens = {"<|endoftext|>"};
-  uint64_t min_frequency = 0;              // a pair seen fewer times ends the training
+  uint64_t min_frequency = 0;  // a pair seen fewer times ends the training
 };
 
 class BpeTrainer {

@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/common.h"
+#include "data/brown.h"
+#include "data/prepare.h"
 #include "io/file.h"
 #include "text/bpe_train.h"
 #include "text/jsonl.h"
@@ -72,13 +74,16 @@ class Output {
   }
   void finish() {
     flush();
-    if (file_) file_->commit();
-    else if (std::fflush(stdout) != 0) throw Error("writing stdout failed");
+    if (file_)
+      file_->commit();
+    else if (std::fflush(stdout) != 0)
+      throw Error("writing stdout failed");
   }
 
  private:
   void flush() {
-    if (file_) file_->write(buf_.data(), buf_.size());
+    if (file_)
+      file_->write(buf_.data(), buf_.size());
     else if (!buf_.empty() && std::fwrite(buf_.data(), 1, buf_.size(), stdout) != buf_.size())
       throw Error(std::string("writing stdout failed (") + std::strerror(errno) + ")");
     buf_.clear();
@@ -150,19 +155,20 @@ int encode_command(const EncodeArgs& a) {
   Output out(a.output);
   const bool special = !a.no_special;
   if (a.jsonl) {
-    const uint64_t docs = each_jsonl_batch(in, out, threads_or_all(a.threads),
-                     [&](std::string_view line, uint64_t no, std::string& res) {
-                       const auto text = jsonl_text(line, in.path() + " line " + std::to_string(no));
-                       if (!text) return;
-                       std::vector<uint32_t> ids;
-                       tok.encode(*text, ids, special);
-                       res += '[';
-                       for (size_t i = 0; i < ids.size(); ++i) {
-                         if (i) res += ',';
-                         append_id(res, ids[i]);
-                       }
-                       res += "]\n";
-                     });
+    const uint64_t docs = each_jsonl_batch(
+        in, out, threads_or_all(a.threads),
+        [&](std::string_view line, uint64_t no, std::string& res) {
+          const auto text = jsonl_text(line, in.path() + " line " + std::to_string(no));
+          if (!text) return;
+          std::vector<uint32_t> ids;
+          tok.encode(*text, ids, special);
+          res += '[';
+          for (size_t i = 0; i < ids.size(); ++i) {
+            if (i) res += ',';
+            append_id(res, ids[i]);
+          }
+          res += "]\n";
+        });
     if (docs == 0) throw Error(in.path() + ": no documents (empty input)");
     out.finish();
     return 0;
@@ -203,8 +209,10 @@ int decode_command(const DecodeArgs& a) {
       std::vector<uint32_t> ids;
       bool ok = j.is_array();
       for (const json& v : ok ? j : json::array()) {
-        if (!v.is_number_unsigned() || v.get<uint64_t>() > 0xffffffffu) ok = false;
-        else ids.push_back(v.get<uint32_t>());
+        if (!v.is_number_unsigned() || v.get<uint64_t>() > 0xffffffffu)
+          ok = false;
+        else
+          ids.push_back(v.get<uint32_t>());
       }
       if (!ok)
         throw Error(in.path() + " line " + std::to_string(no) +
@@ -219,7 +227,7 @@ int decode_command(const DecodeArgs& a) {
   std::string buf, bytes;
   std::vector<uint32_t> ids;
   bool first = true, more = true;  // no ids decode to no text (some texts encode to none)
-  uint64_t offset = 0;  // of buf[0] in the input
+  uint64_t offset = 0;             // of buf[0] in the input
   while (more) {
     more = in.read(buf);
     size_t end = buf.size();
@@ -256,53 +264,154 @@ int decode_command(const DecodeArgs& a) {
   return 0;
 }
 
+// Feeds units of text (documents, or blocks of a file cut at line ends) to per-thread trainers,
+// in rounds of a few MB.
+class Feeder {
+ public:
+  explicit Feeder(int threads) : per_(size_t(threads)) {
+    for (auto& p : per_) p = std::make_unique<BpeTrainer>();
+  }
+  void add(std::string unit) {
+    bytes_ += unit.size();
+    units_.push_back(std::move(unit));
+    if (bytes_ >= per_.size() * 4 * kBlock) run();
+  }
+  BpeTrainer& finish() {
+    run();
+    for (size_t k = 1; k < per_.size(); ++k) per_[0]->absorb(*per_[k]);
+    return *per_[0];
+  }
+
+ private:
+  void run() {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(int(per_.size()))
+    for (size_t k = 0; k < units_.size(); ++k) per_[size_t(omp_get_thread_num())]->feed(units_[k]);
+    units_.clear();
+    bytes_ = 0;
+  }
+  std::vector<std::unique_ptr<BpeTrainer>> per_;
+  std::vector<std::string> units_;
+  size_t bytes_ = 0;
+};
+
 int train_tokenizer_command(const TrainTokenizerArgs& a) {
-  if (a.inputs.empty()) throw Error("give the text to train on: --input FILE...");
+  if (a.inputs.empty() == a.jsonl.empty())
+    throw Error("give the text to train on: --input FILE... or --jsonl FILE");
+  if (a.val_fraction != 0 && a.jsonl.empty())
+    throw Error("--val-fraction chooses documents of --jsonl; text files are read whole");
   const auto t0 = std::chrono::steady_clock::now();
-  const int threads = threads_or_all(a.threads);
-  std::vector<std::unique_ptr<BpeTrainer>> per(static_cast<size_t>(threads));
-  for (auto& p : per) p = std::make_unique<BpeTrainer>();
-  uint64_t bytes = 0;
-  // Each file in blocks cut after a line end (lines are the trainer's units, so any such cut
-  // counts the same words); the blocks of a round are counted in parallel.
+  Feeder feeder(threads_or_all(a.threads));
+  uint64_t bytes = 0, docs = 0, left_out = 0;
+  if (!a.jsonl.empty()) {
+    // Documents numbered as prepare numbers them; those it would put in val are left out.
+    uint64_t n = 0;
+    {
+      Input count(a.jsonl);
+      std::string buf;
+      bool more = true, first = true;
+      while (more) {
+        more = count.read(buf);
+        size_t end = more ? buf.rfind('\n') : buf.size();
+        if (end == std::string::npos) continue;
+        size_t i = first && buf.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;
+        first = false;
+        while (i < end) {
+          size_t e = std::min(buf.find('\n', i), end);
+          n += !jsonl_blank(std::string_view(buf).substr(i, e - i));
+          i = e + 1;
+        }
+        buf.erase(0, std::min(end + 1, buf.size()));
+      }
+    }
+    const std::vector<uint64_t> val = data::val_documents(n, a.val_fraction, a.seed);
+    Input in(a.jsonl);
+    uint64_t doc = 0, line_no = 0;
+    size_t next_val = 0;
+    std::string buf;
+    bool more = true, first = true;
+    while (more) {
+      more = in.read(buf);
+      size_t end = more ? buf.rfind('\n') : buf.size();
+      if (end == std::string::npos) continue;
+      size_t i = first && buf.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;
+      first = false;
+      while (i < end) {
+        const size_t e = std::min(buf.find('\n', i), end);
+        ++line_no;
+        const auto text = jsonl_text(std::string_view(buf).substr(i, e - i),
+                                     a.jsonl + " line " + std::to_string(line_no));
+        i = e + 1;
+        if (!text) continue;
+        if (next_val < val.size() && val[next_val] == doc) {
+          ++next_val, ++doc, ++left_out;
+          continue;
+        }
+        ++doc;
+        bytes += text->size();
+        feeder.add(std::move(*text));  // a document is read a line at a time, as a file is
+      }
+      buf.erase(0, std::min(end + 1, buf.size()));
+    }
+    docs = doc - left_out;
+  }
+  // Text files in blocks cut after a line end (lines are the trainer's units, so any such cut
+  // counts the same words).
   for (const std::string& path : a.inputs) {
     Input in(path);
     std::string buf;
     bool more = true;
     while (more) {
-      std::vector<std::string> blocks;
-      while (more && blocks.size() < size_t(threads)) {
-        while (more && buf.size() < 4 * kBlock) more = in.read(buf);
-        size_t end = more ? buf.rfind('\n') : buf.size();
-        if (end == std::string::npos) continue;
-        if (more) ++end;
-        blocks.emplace_back(buf, 0, end);
-        buf.erase(0, end);
-      }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-      for (size_t k = 0; k < blocks.size(); ++k) per[size_t(omp_get_thread_num())]->feed(blocks[k]);
+      while (more && buf.size() < 4 * kBlock) more = in.read(buf);
+      size_t end = more ? buf.rfind('\n') : buf.size();
+      if (end == std::string::npos) continue;
+      if (more) ++end;
+      feeder.add(buf.substr(0, end));
+      buf.erase(0, end);
     }
     bytes += in.total();
   }
-  for (size_t k = 1; k < per.size(); ++k) per[0]->absorb(*per[k]);
+  BpeTrainer& trainer = feeder.finish();
   BpeTrainOptions opt;
   opt.vocab_size = a.vocab_size;
   opt.special_tokens = a.special;
   opt.min_frequency = a.min_frequency;
-  const BpeTrainer::Result r = per[0]->train(opt);
+  const BpeTrainer::Result r = trainer.train(opt);
   Tokenizer::from_json(r.json, a.out);  // what we write, we can read
   AtomicFile f(a.out);
   f.write(r.json.data(), r.json.size());
   f.commit();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("tokenizer: %zu tokens (256 bytes, %zu merged, %zu special) from %.1f MB, %zu "
-              "distinct words, in %.1f s\n",
-              r.vocab, r.merges, a.special.size(), double(bytes) / 1e6, per[0]->distinct_words(),
-              s);
+  std::printf(
+      "tokenizer: %zu tokens (256 bytes, %zu merged, %zu special) from %.1f MB, %zu "
+      "distinct words, in %.1f s\n",
+      r.vocab, r.merges, a.special.size(), double(bytes) / 1e6, trainer.distinct_words(), s);
+  if (!a.jsonl.empty())
+    std::printf("documents: %llu (%llu left out for val)\n", (unsigned long long)docs,
+                (unsigned long long)left_out);
   if (r.vocab < a.vocab_size)
     std::printf("note: the text has no more pairs to merge: %zu tokens, not %zu\n", r.vocab,
                 a.vocab_size);
   std::printf("written: %s\n", a.out.c_str());
+  return 0;
+}
+
+}  // namespace tq::text
+
+namespace tq::text {
+
+int brown_text_command(const std::string& dir, const std::string& out) {
+  uint64_t tagged = 0;
+  const std::vector<std::string> docs = data::brown_documents(dir, &tagged);
+  AtomicFile f(out);
+  uint64_t bytes = 0;
+  for (const std::string& d : docs) {
+    const std::string line = json{{"text", d}}.dump() + "\n";
+    f.write(line.data(), line.size());
+    bytes += d.size();
+  }
+  f.commit();
+  std::printf("brown-text: %zu documents, %.1f MB of text (from %.1f MB tagged): %s\n", docs.size(),
+              double(bytes) / 1e6, double(tagged) / 1e6, out.c_str());
   return 0;
 }
 

@@ -13,10 +13,14 @@ int hex4(std::string_view s, size_t i) {  // the \uXXXX value at s[i] (the backs
   for (size_t k = i + 2; k < i + 6; ++k) {
     const char c = s[k];
     v <<= 4;
-    if (c >= '0' && c <= '9') v |= c - '0';
-    else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-    else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-    else return -1;
+    if (c >= '0' && c <= '9')
+      v |= c - '0';
+    else if (c >= 'a' && c <= 'f')
+      v |= c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F')
+      v |= c - 'A' + 10;
+    else
+      return -1;
   }
   return v;
 }
@@ -50,8 +54,12 @@ std::string without_lone_surrogates(std::string_view s) {
 
 }  // namespace
 
+bool jsonl_blank(std::string_view line) {
+  return line.find_first_not_of(" \t\r") == std::string_view::npos;
+}
+
 std::optional<std::string> jsonl_text(std::string_view line, const std::string& where) {
-  if (line.find_first_not_of(" \t\r") == std::string_view::npos) return std::nullopt;
+  if (jsonl_blank(line)) return std::nullopt;
   using json = nlohmann::json;
   json j = json::parse(line, nullptr, false);
   if (j.is_discarded() && line.find("\\u") != std::string_view::npos)

@@ -48,12 +48,12 @@ std::string with_onig_extra(const char* prop, const CodeRange* begin, const Code
 }
 const std::string& letters() {
   static const std::string s = with_onig_extra("\\p{L}", std::begin(kOnigLettersAfterUnicode14),
-                                              std::end(kOnigLettersAfterUnicode14));
+                                               std::end(kOnigLettersAfterUnicode14));
   return s;
 }
 const std::string& numbers() {
   static const std::string s = with_onig_extra("\\p{N}", std::begin(kOnigNumbersAfterUnicode14),
-                                              std::end(kOnigNumbersAfterUnicode14));
+                                               std::end(kOnigNumbersAfterUnicode14));
   return s;
 }
 
@@ -79,9 +79,12 @@ std::string onig_to_pcre2(std::string_view p) {
         (p.substr(i + 2, 3) == "{L}" || p.substr(i + 2, 3) == "{N}")) {
       const std::string& set = p[i + 3] == 'L' ? letters() : numbers();
       const bool negated = p[i + 1] == 'P';
-      if (in_class && !negated) out += set;
-      else if (!in_class) out += (negated ? "[^" : "[") + set + "]";
-      else out.append(p.substr(i, 5));  // \P{L} in a class: PCRE2's own (Unicode 14.0)
+      if (in_class && !negated)
+        out += set;
+      else if (!in_class)
+        out += (negated ? "[^" : "[") + set + "]";
+      else
+        out.append(p.substr(i, 5));  // \P{L} in a class: PCRE2's own (Unicode 14.0)
       i += 4;
       continue;
     }
@@ -138,10 +141,10 @@ Regex::Regex(const std::string& pattern, bool literal, const std::string& where)
   const std::string translated = literal ? pattern : onig_to_pcre2(pattern);
   int err = 0;
   PCRE2_SIZE at = 0;
-  const uint32_t options = PCRE2_UTF | PCRE2_NO_UTF_CHECK |
-                           (literal ? PCRE2_LITERAL : PCRE2_UCP | PCRE2_MULTILINE);
-  code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
-                        options, &err, &at, nullptr);
+  const uint32_t options =
+      PCRE2_UTF | PCRE2_NO_UTF_CHECK | (literal ? PCRE2_LITERAL : PCRE2_UCP | PCRE2_MULTILINE);
+  code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), options,
+                        &err, &at, nullptr);
   if (!code_)
     throw Error(where + ": regex " + shown_pattern(pattern) + " is not supported (" +
                 pcre2_message(err) + " at offset " + std::to_string(at) + ")");
@@ -162,10 +165,9 @@ size_t Regex::find_all(std::string_view text, bool final,
   bool have_last = false;
   size_t last_end = 0;
   while (pos <= text.size()) {
-    const int rc = jit_ ? pcre2_jit_match(code_, subject, text.size(), pos, options, st.data,
-                                          st.context)
-                        : pcre2_match(code_, subject, text.size(), pos, options, st.data,
-                                      st.context);
+    const int rc =
+        jit_ ? pcre2_jit_match(code_, subject, text.size(), pos, options, st.data, st.context)
+             : pcre2_match(code_, subject, text.size(), pos, options, st.data, st.context);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc == PCRE2_ERROR_PARTIAL) return settled;
     if (rc < 0)
@@ -178,9 +180,12 @@ size_t Regex::find_all(std::string_view text, bool final,
       if (pos >= text.size()) break;
       size_t step = 1;
       const auto b = static_cast<unsigned char>(text[pos]);
-      if (b >= 0xF0) step = 4;
-      else if (b >= 0xE0) step = 3;
-      else if (b >= 0xC0) step = 2;
+      if (b >= 0xF0)
+        step = 4;
+      else if (b >= 0xE0)
+        step = 3;
+      else if (b >= 0xC0)
+        step = 2;
       pos += step;
       continue;
     }

@@ -276,8 +276,7 @@ struct Bpe {
     heap.clear();
     uint32_t rank, id;
     for (size_t i = 0; i + 1 < sym.size(); ++i)
-      if (merges.get(sym[i].id, sym[i + 1].id, &rank, &id))
-        heap.push_back({rank, uint32_t(i), id});
+      if (merges.get(sym[i].id, sym[i + 1].id, &rank, &id)) heap.push_back({rank, uint32_t(i), id});
     std::make_heap(heap.begin(), heap.end());
     while (!heap.empty()) {
       std::pop_heap(heap.begin(), heap.end());
@@ -551,7 +550,7 @@ struct TokenizerImpl {
   Bpe bpe;
   std::vector<AddedToken> added;
   AddedMatcher raw_added, normalized_added;  // matched before / after normalization
-  std::vector<std::string> id_to_token;       // "" where no token
+  std::vector<std::string> id_to_token;      // "" where no token
   std::vector<uint8_t> has_id, special;
   std::vector<uint32_t> prefix_ids, suffix_ids;  // the post-processor's, for one sequence
   enum class Decoder { None, ByteLevel } decoder = Decoder::None;
@@ -607,13 +606,15 @@ struct TokenizerImpl {
         return;
       }
       if (p.bytes) p = {materialize(p, arena), false};
-      split(*st.regex, Behavior::Isolated, false, p.text, true,
-            [&](std::string_view piece) { run_stages(k + 1, {piece, true}, arena, out); });
+      split(*st.regex, Behavior::Isolated, false, p.text, true, [&](std::string_view piece) {
+        run_stages(k + 1, {piece, true}, arena, out);
+      });
       return;
     }
     if (p.bytes) p = {materialize(p, arena), false};
-    split(*st.regex, st.behavior, st.invert, p.text, true,
-          [&](std::string_view piece) { run_stages(k + 1, {piece, false}, arena, out); });
+    split(*st.regex, st.behavior, st.invert, p.text, true, [&](std::string_view piece) {
+      run_stages(k + 1, {piece, false}, arena, out);
+    });
   }
 
   static std::string_view materialize(const Piece& p, std::deque<std::string>& arena) {
@@ -664,8 +665,10 @@ struct TokenizerImpl {
       case Behavior::Contiguous: {
         bool prev_match = false;
         for (auto& [a, b, is] : m) {
-          if (is == prev_match && !out.empty()) out.back().second = b;
-          else out.emplace_back(a, b);
+          if (is == prev_match && !out.empty())
+            out.back().second = b;
+          else
+            out.emplace_back(a, b);
           prev_match = is;
         }
         break;
@@ -673,8 +676,10 @@ struct TokenizerImpl {
       case Behavior::MergedWithPrevious: {
         bool prev_match = false;
         for (auto& [a, b, is] : m) {
-          if (is && !prev_match && !out.empty()) out.back().second = b;
-          else out.emplace_back(a, b);
+          if (is && !prev_match && !out.empty())
+            out.back().second = b;
+          else
+            out.emplace_back(a, b);
           prev_match = is;
         }
         break;
@@ -683,8 +688,10 @@ struct TokenizerImpl {
         bool prev_match = false;
         for (auto r = m.rbegin(); r != m.rend(); ++r) {
           auto& [a, b, is] = *r;
-          if (is && !prev_match && !out.empty()) out.back().first = a;
-          else out.emplace_back(a, b);
+          if (is && !prev_match && !out.empty())
+            out.back().first = a;
+          else
+            out.emplace_back(a, b);
           prev_match = is;
         }
         std::reverse(out.begin(), out.end());
@@ -714,9 +721,10 @@ struct TokenizerImpl {
     const Stage& st = stages[0];
     if (!st.regex) return 0;  // a ByteLevel stage without its regex: one piece, unsettled
     const bool bytes = st.kind == Stage::ByteLevel;
-    return split(*st.regex, st.kind == Stage::ByteLevel ? Behavior::Isolated : st.behavior,
-                 false, s, false,
-                 [&](std::string_view piece) { run_stages(1, {piece, bytes}, arena, out); });
+    return split(*st.regex, st.kind == Stage::ByteLevel ? Behavior::Isolated : st.behavior, false,
+                 s, false, [&](std::string_view piece) {
+                   run_stages(1, {piece, bytes}, arena, out);
+                 });
   }
 
   // A segment of raw (valid UTF-8) text between non-normalized added tokens, final.
@@ -762,7 +770,8 @@ struct TokenizerImpl {
   }
 
   void post_process(std::vector<uint32_t>& ids, size_t from) const {
-    if (!prefix_ids.empty()) ids.insert(ids.begin() + long(from), prefix_ids.begin(), prefix_ids.end());
+    if (!prefix_ids.empty())
+      ids.insert(ids.begin() + long(from), prefix_ids.begin(), prefix_ids.end());
     ids.insert(ids.end(), suffix_ids.begin(), suffix_ids.end());
   }
 
@@ -779,10 +788,14 @@ struct TokenizerImpl {
       return;
     }
     Normalizer n{Normalizer::NFC, {}, nullptr};
-    if (type == "NFC") n.kind = Normalizer::NFC;
-    else if (type == "NFD") n.kind = Normalizer::NFD;
-    else if (type == "NFKC") n.kind = Normalizer::NFKC;
-    else if (type == "NFKD") n.kind = Normalizer::NFKD;
+    if (type == "NFC")
+      n.kind = Normalizer::NFC;
+    else if (type == "NFD")
+      n.kind = Normalizer::NFD;
+    else if (type == "NFKC")
+      n.kind = Normalizer::NFKC;
+    else if (type == "NFKD")
+      n.kind = Normalizer::NFKD;
     else if (type == "Prepend") {
       n.kind = Normalizer::Prepend;
       n.text = r.str(j, f, "prepend");
@@ -827,15 +840,21 @@ struct TokenizerImpl {
     if (type == "Split") {
       st.regex = load_pattern(r, r.get(j, f, "pattern"), f + ".pattern");
       const std::string b = r.str(j, f, "behavior");
-      if (b == "Removed") st.behavior = Behavior::Removed;
-      else if (b == "Isolated") st.behavior = Behavior::Isolated;
-      else if (b == "MergedWithPrevious") st.behavior = Behavior::MergedWithPrevious;
-      else if (b == "MergedWithNext") st.behavior = Behavior::MergedWithNext;
-      else if (b == "Contiguous") st.behavior = Behavior::Contiguous;
-      else r.fail(f + ".behavior", "'" + b + "' is not a split behaviour");
+      if (b == "Removed")
+        st.behavior = Behavior::Removed;
+      else if (b == "Isolated")
+        st.behavior = Behavior::Isolated;
+      else if (b == "MergedWithPrevious")
+        st.behavior = Behavior::MergedWithPrevious;
+      else if (b == "MergedWithNext")
+        st.behavior = Behavior::MergedWithNext;
+      else if (b == "Contiguous")
+        st.behavior = Behavior::Contiguous;
+      else
+        r.fail(f + ".behavior", "'" + b + "' is not a split behaviour");
       st.invert = r.flag(j, f, "invert", false);
-      if (stages.empty() && (st.invert || (st.behavior != Behavior::Isolated &&
-                                           st.behavior != Behavior::Removed)))
+      if (stages.empty() &&
+          (st.invert || (st.behavior != Behavior::Isolated && st.behavior != Behavior::Removed)))
         streamable = false;
       if (st.regex->empty_literal()) streamable = false;
     } else if (type == "ByteLevel") {
@@ -1127,7 +1146,8 @@ void Tokenizer::decode_append(const uint32_t* ids, size_t n, bool skip_special_t
   for (size_t k = 0; k < n; ++k) {
     const uint32_t id = ids[k];
     if (id >= t.has_id.size() || !t.has_id[id])
-      throw Error("token id " + std::to_string(id) + " is not in the tokenizer's vocabulary (ids 0 to " +
+      throw Error("token id " + std::to_string(id) +
+                  " is not in the tokenizer's vocabulary (ids 0 to " +
                   std::to_string(t.has_id.size() - 1) + ")");
     if (skip_special_tokens && t.special[id]) continue;
     const std::string& tok = t.id_to_token[id];
@@ -1138,8 +1158,10 @@ void Tokenizer::decode_append(const uint32_t* ids, size_t n, bool skip_special_t
       bool all = true;
       for (size_t i = 0; i < tok.size() && all;) {
         const int b = byte_of_char(next_code_point(tok, i));
-        if (b < 0) all = false;
-        else out.push_back(char(b));
+        if (b < 0)
+          all = false;
+        else
+          out.push_back(char(b));
       }
       if (!all) {
         out.resize(at);
@@ -1191,8 +1213,10 @@ void Tokenizer::pre_tokenize(std::string_view normalized,
   std::function<void(size_t, Piece)> run = [&](size_t k, Piece p) {
     if (p.text.empty()) return;
     if (k == t.stages.size()) {
-      if (p.bytes) emit(TokenizerImpl::materialize(p, arena));
-      else emit(p.text);
+      if (p.bytes)
+        emit(TokenizerImpl::materialize(p, arena));
+      else
+        emit(p.text);
       return;
     }
     const Stage& st = t.stages[k];
@@ -1204,12 +1228,16 @@ void Tokenizer::pre_tokenize(std::string_view normalized,
       if (!st.regex) return run(k + 1, {p.text, true});
       if (p.bytes) p = {TokenizerImpl::materialize(p, arena), false};
       TokenizerImpl::split(*st.regex, Behavior::Isolated, false, p.text, true,
-                           [&](std::string_view piece) { run(k + 1, {piece, true}); });
+                           [&](std::string_view piece) {
+                             run(k + 1, {piece, true});
+                           });
       return;
     }
     if (p.bytes) p = {TokenizerImpl::materialize(p, arena), false};
     TokenizerImpl::split(*st.regex, st.behavior, st.invert, p.text, true,
-                         [&](std::string_view piece) { run(k + 1, {piece, false}); });
+                         [&](std::string_view piece) {
+                           run(k + 1, {piece, false});
+                         });
   };
   run(0, {normalized, false});
 }
@@ -1246,7 +1274,9 @@ std::optional<uint32_t> Tokenizer::end_of_text() const {
 
 StreamEncoder::StreamEncoder(const Tokenizer& tok, Sink sink, bool add_special_tokens,
                              size_t chunk_bytes)
-    : tok_(tok), sink_(std::move(sink)), add_special_(add_special_tokens),
+    : tok_(tok),
+      sink_(std::move(sink)),
+      add_special_(add_special_tokens),
       chunk_(std::max<size_t>(chunk_bytes, 1)) {}
 
 void StreamEncoder::feed(std::string_view bytes) {
@@ -1261,8 +1291,8 @@ void StreamEncoder::finish() {
 void StreamEncoder::emit(std::vector<uint32_t>& ids) {
   if (!started_) {
     started_ = true;
-    if (add_special_) ids.insert(ids.begin(), tok_.impl_->prefix_ids.begin(),
-                                 tok_.impl_->prefix_ids.end());
+    if (add_special_)
+      ids.insert(ids.begin(), tok_.impl_->prefix_ids.begin(), tok_.impl_->prefix_ids.end());
   }
   if (!ids.empty()) sink_(ids.data(), ids.size());
   ids.clear();

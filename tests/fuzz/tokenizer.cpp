@@ -1,12 +1,13 @@
 // A tokenizer.json through the loader (every field it reads, every error it names), and when it
 // loads, an encode and a decode: a tokenizer, or tq::Error.
+#include "text/tokenizer.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
 #include "core/common.h"
 #include "fuzz_input.h"
-#include "text/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
