@@ -21,6 +21,7 @@
 #include "data/prepare.h"
 #include "data/shard.h"
 #include "io/file.h"
+#include "testing.h"
 #include "text/tokenizer.h"
 
 namespace tq::data {
@@ -28,19 +29,10 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string tmp_path(const std::string& name) {
-  return "/tmp/tq_test_data_" + std::to_string(getpid()) + "_" + name;
-}
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), {}};
-}
-void write_all(const std::string& path, const std::string& data) {
-  std::ofstream(path, std::ios::binary).write(data.data(), std::streamsize(data.size()));
-}
-bool exists(const std::string& path) {
-  return access(path.c_str(), F_OK) == 0;
-}
+using test::exists;
+using test::read_all;
+using test::tmp_path;
+using test::write_all;
 std::vector<std::string> list_dir(const std::string& dir) {
   std::vector<std::string> names;
   if (DIR* d = opendir(dir.c_str())) {

@@ -13,24 +13,15 @@
 #include "io/checkpoint.h"
 #include "io/model_file.h"
 #include "model/init.h"
+#include "testing.h"
 
 namespace tq {
 namespace {
 
-std::string tmp_path(const std::string& name) {
-  return "/tmp/tq_test_" + std::to_string(getpid()) + "_" + name;
-}
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), {}};
-}
-void write_all(const std::string& path, const std::string& data) {
-  std::ofstream(path, std::ios::binary).write(data.data(), std::streamsize(data.size()));
-}
-
-bool exists(const std::string& path) {
-  return access(path.c_str(), F_OK) == 0;
-}
+using test::exists;
+using test::read_all;
+using test::tmp_path;
+using test::write_all;
 
 // A child writes a file through AtomicFile and stops mid-write; the parent sees the
 // temporary, then signals the child: the handler must remove it and end the child by that

@@ -1,7 +1,12 @@
 // Small helpers shared by the C++ tests.
 #pragma once
+#include <unistd.h>
+
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace tq::test {
@@ -29,6 +34,21 @@ double rel_l2(const A& a, const B& b) {
     den += double(b[i]) * double(b[i]);
   }
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-4);  // floor: exactly-zero gradients
+}
+
+// Files the tests write: /tmp/tq_test_PID_NAME, whole reads and writes.
+inline std::string tmp_path(const std::string& name) {
+  return "/tmp/tq_test_" + std::to_string(getpid()) + "_" + name;
+}
+inline std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+inline void write_all(const std::string& path, const std::string& data) {
+  std::ofstream(path, std::ios::binary).write(data.data(), std::streamsize(data.size()));
+}
+inline bool exists(const std::string& path) {
+  return access(path.c_str(), F_OK) == 0;
 }
 
 }  // namespace tq::test

@@ -253,10 +253,6 @@ constexpr uint64_t kBatchBytes = 32ull << 20;
 constexpr size_t kBatchDocs = 4096;
 
 // Blank as text::jsonl_text has it: such a line is no document.
-bool blank(std::string_view line) {
-  return line.find_first_not_of(" \t\r") == std::string_view::npos;
-}
-
 // Lets the kernel drop the pages of a mapping before `upto`: a 1 GB JSONL read once does not
 // stay resident (the pages come back from the file if read again).
 void release(const MappedFile& f, size_t upto) {
@@ -303,7 +299,7 @@ class Documents {
       size_t released = 0;
       for (size_t at = pos_; at < all.size();) {  // the pre-pass: N, for the val choice
         const size_t nl = std::min(all.find('\n', at), all.size());
-        n_ += !blank(all.substr(at, nl - at));
+        n_ += !text::jsonl_blank(all.substr(at, nl - at));
         at = nl + 1;
         if (at - released > kBatchBytes) release(*jsonl_, released = at);
       }
@@ -347,7 +343,7 @@ class Documents {
           j.text = all.substr(pos_, nl - pos_);
           j.line = ++line_;
           pos_ = nl + 1;
-          if (!blank(j.text)) break;
+          if (!text::jsonl_blank(j.text)) break;
         }
         bytes += j.text.size();
       }

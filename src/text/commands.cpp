@@ -113,8 +113,11 @@ uint64_t each_jsonl_batch(Input& in, Output& out, int threads, Work&& work) {
   std::vector<std::string_view> lines;
   std::vector<std::string> results;
   uint64_t produced = 0;
+  bool first_block = true;
   while (more) {
     while (more && buf.size() < 8 * kBlock) more = in.read(buf);
+    if (first_block && buf.compare(0, 3, "\xEF\xBB\xBF") == 0) buf.erase(0, 3);  // a BOM
+    first_block = false;
     size_t end = more ? buf.rfind('\n') : buf.size();
     if (end == std::string::npos) continue;  // one line longer than the buffer: read on
     if (more) ++end;
@@ -264,6 +267,31 @@ int decode_command(const DecodeArgs& a) {
   return 0;
 }
 
+// Each line of a file, in order, read in blocks (a UTF-8 byte order mark before the first is
+// skipped): fn(line without its '\n', line number).
+template <class Fn>
+void each_line(const std::string& path, Fn&& fn) {
+  Input in(path);
+  std::string buf;
+  bool more = true, first = true;
+  uint64_t no = 0;
+  while (more) {
+    more = in.read(buf);
+    const size_t last = buf.rfind('\n');
+    if (more && last == std::string::npos) continue;  // a line longer than the buffer
+    const size_t limit = more ? last + 1 : buf.size();
+    size_t i = first && buf.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;
+    first = false;
+    while (i < limit) {
+      size_t e = buf.find('\n', i);
+      if (e == std::string::npos || e > limit) e = limit;
+      fn(std::string_view(buf).substr(i, e - i), ++no);
+      i = e + 1;
+    }
+    buf.erase(0, limit);
+  }
+}
+
 // Feeds units of text (documents, or blocks of a file cut at line ends) to per-thread trainers,
 // in rounds of a few MB.
 class Feeder {
@@ -305,53 +333,21 @@ int train_tokenizer_command(const TrainTokenizerArgs& a) {
   if (!a.jsonl.empty()) {
     // Documents numbered as prepare numbers them; those it would put in val are left out.
     uint64_t n = 0;
-    {
-      Input count(a.jsonl);
-      std::string buf;
-      bool more = true, first = true;
-      while (more) {
-        more = count.read(buf);
-        size_t end = more ? buf.rfind('\n') : buf.size();
-        if (end == std::string::npos) continue;
-        size_t i = first && buf.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;
-        first = false;
-        while (i < end) {
-          size_t e = std::min(buf.find('\n', i), end);
-          n += !jsonl_blank(std::string_view(buf).substr(i, e - i));
-          i = e + 1;
-        }
-        buf.erase(0, std::min(end + 1, buf.size()));
-      }
-    }
+    each_line(a.jsonl, [&](std::string_view line, uint64_t) { n += !jsonl_blank(line); });
     const std::vector<uint64_t> val = data::val_documents(n, a.val_fraction, a.seed);
-    Input in(a.jsonl);
-    uint64_t doc = 0, line_no = 0;
+    uint64_t doc = 0;
     size_t next_val = 0;
-    std::string buf;
-    bool more = true, first = true;
-    while (more) {
-      more = in.read(buf);
-      size_t end = more ? buf.rfind('\n') : buf.size();
-      if (end == std::string::npos) continue;
-      size_t i = first && buf.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;
-      first = false;
-      while (i < end) {
-        const size_t e = std::min(buf.find('\n', i), end);
-        ++line_no;
-        const auto text = jsonl_text(std::string_view(buf).substr(i, e - i),
-                                     a.jsonl + " line " + std::to_string(line_no));
-        i = e + 1;
-        if (!text) continue;
-        if (next_val < val.size() && val[next_val] == doc) {
-          ++next_val, ++doc, ++left_out;
-          continue;
-        }
-        ++doc;
-        bytes += text->size();
-        feeder.add(std::move(*text));  // a document is read a line at a time, as a file is
+    each_line(a.jsonl, [&](std::string_view line, uint64_t no) {
+      auto text = jsonl_text(line, a.jsonl + " line " + std::to_string(no));
+      if (!text) return;
+      if (next_val < val.size() && val[next_val] == doc) {
+        ++next_val, ++doc, ++left_out;
+        return;
       }
-      buf.erase(0, std::min(end + 1, buf.size()));
-    }
+      ++doc;
+      bytes += text->size();
+      feeder.add(std::move(*text));  // a document is read a line at a time, as a file is
+    });
     docs = doc - left_out;
   }
   // Text files in blocks cut after a line end (lines are the trainer's units, so any such cut
