@@ -31,6 +31,7 @@
 #include "model/qwen3.h"
 #include "ref/model.h"
 #include "text/commands.h"
+#include "train/trainer.h"
 
 namespace tq {
 namespace {
@@ -44,6 +45,15 @@ struct TrainArgs {
   int threads = 0;  // 0: not given (a given --threads is checked to 1..4096 as it is parsed)
   int device = 0;
   bool profile = false;
+  // training on text (train/trainer.h); `given` records which flags were on the command line
+  std::string data, data_order = "sequential", optimizer, decay_type = "linear", metrics;
+  int64_t grad_accum = 1, warmup = 2, val_every = 0, val_tokens = 0, log_every = 1;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, decay_ratio = 0.8, lr_min = 0,
+         max_norm = 1.0;
+  std::vector<std::string> given;
+  bool has(const char* flag) const {
+    return std::find(given.begin(), given.end(), flag) != given.end();
+  }
 };
 
 std::string with_commas(int64_t v) {
@@ -92,14 +102,6 @@ int threads_for(int asked, bool* fixed = nullptr) {
   return asked ? asked : cpus;
 }
 
-// Where a failed run's checkpoint goes: tiny-qwen3.pt -> tiny-qwen3.FAILED.pt
-std::string failed_name(const std::string& path) {
-  const size_t slash = path.rfind('/'), dot = path.rfind('.');
-  if (dot != std::string::npos && (slash == std::string::npos || dot > slash))
-    return path.substr(0, dot) + ".FAILED" + path.substr(dot);
-  return path + ".FAILED";
-}
-
 // The folder of `out` must be writable and `out` itself must not be a folder.
 void check_output_file(const std::string& out) {
   const size_t slash = out.rfind('/');
@@ -108,6 +110,26 @@ void check_output_file(const std::string& out) {
   struct stat st;
   if (stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     throw Error(out + " is a folder; give a file name");
+}
+
+// The text run's configuration, its choices parsed (validate() has checked them).
+train::RunConfig to_run_config(const TrainArgs& a) {
+  train::RunConfig r;
+  r.preset = a.preset, r.dtype = parse_dtype(a.dtype);
+  r.B = a.batch_size, r.T = a.seq_len, r.steps = a.steps, r.seed = a.seed;
+  r.output = a.output, r.init_from = a.init_from;
+  r.data = a.data, r.order = train::parse_data_order(a.data_order), r.grad_accum = a.grad_accum;
+  r.optimizer = train::parse_optimizer(a.optimizer);
+  // the learning rate TorchTitan's job config gives AdamW, the walkthrough's SGD its own
+  r.lr = a.has("--learning-rate") ? a.lr : r.optimizer == train::OptimizerKind::adamw ? 8e-4 : a.lr;
+  r.adamw = {a.beta1, a.beta2, a.eps, a.weight_decay};
+  r.warmup = a.warmup;
+  r.decay_ratio = a.decay_ratio;
+  r.decay_type = train::parse_decay_type(a.decay_type);
+  r.lr_min = a.lr_min, r.max_norm = a.max_norm;
+  r.val_every = a.val_every, r.val_tokens = a.val_tokens, r.log_every = a.log_every;
+  r.metrics = a.metrics;
+  return r;
 }
 
 // Every flag, the output paths, and the memory the run plans (returned) against the machine
@@ -129,13 +151,63 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
   if (a.seed < 0) throw Error("--seed must be non-negative, got " + std::to_string(a.seed));
   if (!std::isfinite(a.lr) || a.lr <= 0)
     throw Error("--learning-rate must be a positive number, got " + fmt_g(a.lr));
+  if (a.data.empty()) {
+    if (a.optimizer != "sgd")
+      throw Error("--optimizer " + a.optimizer +
+                  " trains on text: give --data DIR (shards from "
+                  "tiny-qwen3 prepare); the walkthrough's fixed batch trains with sgd");
+    for (const char* f :
+         {"--data-order", "--grad-accum", "--beta1", "--beta2", "--eps", "--weight-decay",
+          "--warmup-steps", "--decay-ratio", "--decay-type", "--lr-min", "--max-norm",
+          "--val-every", "--val-tokens", "--log-every", "--metrics"})
+      if (a.has(f))
+        throw Error(std::string(f) +
+                    " is for training on text: give --data DIR (shards from "
+                    "tiny-qwen3 prepare); without it train runs the walkthrough's SGD");
+  } else {
+    if (!a.dump_first_step.empty())
+      throw Error("--dump-first-step is for the walkthrough's run, not --data");
+    train::parse_data_order(a.data_order);
+    train::parse_optimizer(a.optimizer);
+    train::parse_decay_type(a.decay_type);
+    if (a.grad_accum < 1 || a.grad_accum > 1 << 20)
+      throw Error("--grad-accum must be at least 1, got " + std::to_string(a.grad_accum));
+    const auto in01 = [](const char* f, double x, bool open_high) {
+      if (!std::isfinite(x) || x < 0 || x > 1 || (open_high && x == 1))
+        throw Error(std::string(f) + " must be in [0, 1" + (open_high ? ")" : "]") + ", got " +
+                    fmt_g(x));
+    };
+    in01("--beta1", a.beta1, true);
+    in01("--beta2", a.beta2, true);
+    in01("--decay-ratio", a.decay_ratio, false);
+    in01("--lr-min", a.lr_min, false);
+    if (!std::isfinite(a.eps) || a.eps <= 0)
+      throw Error("--eps must be positive, got " + fmt_g(a.eps));
+    if (!std::isfinite(a.weight_decay) || a.weight_decay < 0)
+      throw Error("--weight-decay must be 0 or more, got " + fmt_g(a.weight_decay));
+    if (!std::isfinite(a.max_norm) || a.max_norm < 0)
+      throw Error("--max-norm must be 0 (no clipping) or more, got " + fmt_g(a.max_norm));
+    if (a.warmup < 0)
+      throw Error("--warmup-steps must be 0 or more, got " + std::to_string(a.warmup));
+    if (a.log_every < 1)
+      throw Error("--log-every must be at least 1, got " + std::to_string(a.log_every));
+    if (a.val_every < 0)
+      throw Error("--val-every must be 0 (none) or more, got " + std::to_string(a.val_every));
+    if (a.val_every > 0 && a.val_tokens < 1)
+      throw Error("--val-every needs --val-tokens M (the val tokens each validation reads)");
+    if (!a.metrics.empty()) check_output_file(a.metrics);
+  }
   for (const std::string& out : {a.output, a.dump_first_step})
     if (!out.empty()) check_output_file(out);
   const bool cuda = a.backend == "cuda";
   const DType dtype = parse_dtype(a.dtype);
   // (on the GPU, the CUDA backend's arenas: planned below, once it is known to load)
   const auto plan_on = [&](const Ops& ops) {
-    return memory_plan(c, dtype, a.batch_size, a.seq_len, ops, a.dump_first_step.empty());
+    MemoryPlan p = memory_plan(c, dtype, a.batch_size, a.seq_len, ops,
+                               a.dump_first_step.empty() && a.data.empty());
+    if (!a.data.empty())
+      p.optimizer = train::optimizer_bytes(to_run_config(a), make_layout(c).total);
+    return p;
   };
   MemoryPlan plan = cuda ? MemoryPlan{0, 0, 0, 0} : plan_on(cpu_ops());
   // + what init and the checkpoint writer hold on the host (one after the other): init a
@@ -211,7 +283,7 @@ void print_profile(const std::vector<double>& ms, const std::vector<KernelTime>&
         flops * 1e-9, flops / flop_secs * 1e-9, flops / step * 1e-6);
 }
 
-int train(TrainArgs a) {
+int train_walkthrough_or_text(TrainArgs a) {
   std::optional<ModelFile> src;  // --init-from: the weights to start from
   if (!a.init_from.empty()) {
     src = open_model_file(a.init_from);
@@ -240,10 +312,15 @@ int train(TrainArgs a) {
   const double mib = 1.0 / (1 << 20);
   std::printf(
       "memory: %.1f MiB planned%s (parameters %.1f, gradients %.1f, activations %.1f, "
-      "scratch %.1f)\n",
+      "scratch %.1f",
       plan.total() * mib, gpu ? " on the device" : "", plan.params * mib, plan.grads * mib,
       plan.activations * mib, plan.scratch * mib);
+  if (plan.optimizer) std::printf(", optimizer %.1f", plan.optimizer * mib);
+  std::printf(")\n");
   std::fflush(stdout);
+  if (!a.data.empty())
+    return train::run(to_run_config(a), gpu ? cuda_ops() : cpu_ops(), src,
+                      governor ? &*governor : nullptr);
 
   const Ops& ops = gpu ? cuda_ops() : cpu_ops();
   // --dump-first-step takes the first step unfused, to keep every gradient
@@ -473,7 +550,9 @@ int main(int argc, char** argv) {
       ->transform(kDecimal)
       ->capture_default_str();
   tr->add_option("--steps", a.steps, "SGD steps")->transform(kDecimal)->capture_default_str();
-  tr->add_option("--learning-rate", a.lr, "SGD learning rate")->capture_default_str();
+  tr->add_option("--learning-rate", a.lr,
+                 "peak learning rate (the walkthrough's SGD: 0.05; with --data, adamw: 8e-4)")
+      ->capture_default_str();
   tr->add_option("--dtype", a.dtype, "parameter dtype: bfloat16 or float32")->capture_default_str();
   tr->add_option("--threads", a.threads,
                  "CPU threads (default: OMP_NUM_THREADS, else the CPUs this process may run on)")
@@ -484,6 +563,28 @@ int main(int argc, char** argv) {
   tr->add_option("--init-from", a.init_from,
                  "start from these weights instead of the seed: a .pt checkpoint or state dict, "
                  "a .safetensors file or a Hugging Face folder")
+      ->check(kPath);
+  tr->add_option("--data", a.data, "train on token shards from tiny-qwen3 prepare (this folder)")
+      ->check(kPath);
+  tr->add_option("--data-order", a.data_order, "sequential, or shuffled batch windows each epoch");
+  tr->add_option("--grad-accum", a.grad_accum, "micro-batches per optimizer step")
+      ->transform(kDecimal);
+  tr->add_option("--optimizer", a.optimizer, "adamw (default with --data) or sgd");
+  tr->add_option("--beta1", a.beta1, "AdamW's beta1 (0.9)");
+  tr->add_option("--beta2", a.beta2, "AdamW's beta2 (0.95)");
+  tr->add_option("--eps", a.eps, "AdamW's epsilon (1e-8)");
+  tr->add_option("--weight-decay", a.weight_decay, "AdamW's decoupled weight decay (0.1)");
+  tr->add_option("--warmup-steps", a.warmup, "linear warmup steps (2)")->transform(kDecimal);
+  tr->add_option("--decay-ratio", a.decay_ratio, "share of the steps that decay (0.8)");
+  tr->add_option("--decay-type", a.decay_type, "linear, sqrt or cosine (linear)");
+  tr->add_option("--lr-min", a.lr_min, "the decay's floor, a fraction of the rate (0)");
+  tr->add_option("--max-norm", a.max_norm, "clip the global gradient norm to this (1.0; 0: off)");
+  tr->add_option("--val-every", a.val_every, "validate every N steps (and at the end)")
+      ->transform(kDecimal);
+  tr->add_option("--val-tokens", a.val_tokens, "val tokens each validation reads")
+      ->transform(kDecimal);
+  tr->add_option("--log-every", a.log_every, "print every N steps (1)")->transform(kDecimal);
+  tr->add_option("--metrics", a.metrics, "write a JSON line per step and validation here")
       ->check(kPath);
   tr->add_option("--dump-first-step", a.dump_first_step,
                  "also save initial params, first-step grads and loss (.pt) for parity tests")
@@ -608,7 +709,10 @@ int main(int argc, char** argv) {
   try {
     if (tr->parsed()) {
       a.preset_given = preset_opt->count() > 0;
-      return train(a);
+      for (const CLI::Option* o : tr->get_options())
+        if (o->count() > 0) a.given.push_back(o->get_name());
+      if (a.optimizer.empty()) a.optimizer = a.data.empty() ? "sgd" : "adamw";
+      return train_walkthrough_or_text(a);
     }
     if (ex->parsed()) return export_model(ea);
     if (en->parsed()) return text::encode_command(ena);

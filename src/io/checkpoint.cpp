@@ -303,4 +303,11 @@ void PtReader::tensor(const std::string& name, const Value* v, const std::vector
   }
 }
 
+std::string failed_name(const std::string& path) {
+  const size_t slash = path.rfind('/'), dot = path.rfind('.');
+  if (dot != std::string::npos && (slash == std::string::npos || dot > slash))
+    return path.substr(0, dot) + ".FAILED" + path.substr(dot);
+  return path + ".FAILED";
+}
+
 }  // namespace tq

@@ -80,6 +80,8 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamRead
 ParamReader arena_reader(const float* params);
 
 std::string shape_str(const std::vector<int64_t>& shape);  // "[2048, 256]"
+// Where a failed run's checkpoint goes: tiny-qwen3.pt -> tiny-qwen3.FAILED.pt
+std::string failed_name(const std::string& path);
 
 // Any torch.save zip file: validated container, unpickled root, bounds-checked tensors.
 class PtReader {

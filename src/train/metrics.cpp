@@ -1,0 +1,65 @@
+#include "train/metrics.h"
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/common.h"
+
+namespace tq::train {
+
+namespace {
+std::string commas(uint64_t v) {
+  std::string s = std::to_string(v), r;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i && (s.size() - i) % 3 == 0) r += ',';
+    r += s[i];
+  }
+  return r;
+}
+}  // namespace
+
+std::string step_line(const StepMetrics& m) {
+  char b[256];
+  const int w = int(std::to_string(m.steps).size());
+  std::snprintf(b, sizeof b,
+                "step %*lld/%lld | loss %.6f | lr %.3e | grad norm %.4f | %s tok/s | %.1f ms", w,
+                (long long)m.step, (long long)m.steps, m.loss, m.lr, m.grad_norm,
+                commas(uint64_t(m.tokens_per_s + 0.5)).c_str(), m.ms);
+  return b;
+}
+
+MetricsLog::MetricsLog(const std::string& path) : path_(path) {
+  if (path.empty()) return;
+  f_ = std::fopen(path.c_str(), "w");
+  if (!f_) throw Error("--metrics " + path + ": cannot write (" + std::strerror(errno) + ")");
+}
+
+MetricsLog::~MetricsLog() {
+  if (f_) std::fclose(f_);
+}
+
+void MetricsLog::line(const std::string& json) {
+  if (!f_) return;
+  if (std::fputs((json + "\n").c_str(), f_) < 0 || std::fflush(f_) != 0)
+    throw Error("--metrics " + path_ + ": write failed (" + std::strerror(errno) + ")");
+}
+
+void MetricsLog::step(const StepMetrics& m) {
+  line(nlohmann::json{{"step", m.step},
+                      {"loss", m.loss},
+                      {"lr", m.lr},
+                      {"grad_norm", m.grad_norm},
+                      {"tokens", m.tokens},
+                      {"tokens_per_s", m.tokens_per_s},
+                      {"ms", m.ms}}
+           .dump());
+}
+
+void MetricsLog::validation(int64_t step, uint64_t tokens, double val_loss, uint64_t val_tokens) {
+  line(nlohmann::json{
+      {"step", step}, {"tokens", tokens}, {"val_loss", val_loss}, {"val_tokens", val_tokens}}
+           .dump());
+}
+
+}  // namespace tq::train

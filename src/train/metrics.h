@@ -1,0 +1,36 @@
+// What a run reports: a line per step for the user, and a JSONL record per step and per
+// validation for tools (`--metrics FILE.jsonl`).
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace tq::train {
+
+struct StepMetrics {
+  int64_t step = 0, steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  uint64_t tokens = 0;  // trained on so far
+  double ms = 0, tokens_per_s = 0;
+};
+
+// "step   12/200 | loss 5.123456 | lr 7.60e-04 | grad norm 1.2345 | 4,321 tok/s | 118.5 ms"
+std::string step_line(const StepMetrics& m);
+
+// Appends one JSON object a line, flushed as written (a run stopped mid-way keeps its lines).
+class MetricsLog {
+ public:
+  explicit MetricsLog(const std::string& path);  // "" writes nothing; Error if it cannot open
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+  void step(const StepMetrics& m);
+  void validation(int64_t step, uint64_t tokens, double val_loss, uint64_t val_tokens);
+
+ private:
+  void line(const std::string& json);
+  FILE* f_ = nullptr;
+  std::string path_;
+};
+
+}  // namespace tq::train

@@ -1,0 +1,193 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "cpu/runtime.h"
+#include "data/shard.h"
+#include "io/checkpoint.h"
+#include "io/model_file.h"
+#include "model/config.h"
+#include "model/init.h"
+#include "model/qwen3.h"
+#include "train/metrics.h"
+
+namespace tq::train {
+
+size_t optimizer_bytes(const RunConfig& rc, size_t params) {
+  // master, accumulated gradient, a micro-batch's gradient; AdamW's m and v
+  return params * sizeof(float) * (rc.optimizer == OptimizerKind::adamw ? 5 : 3);
+}
+
+namespace {
+
+// The mean loss over the val windows: fixed (window j is the B*T + 1 ids from j*B*T), as many
+// whole ones as the first val_tokens ids hold, the same at every validation.
+struct Validator {
+  const TokenStream& s;
+  int64_t B, T;
+  uint64_t windows;
+  Validator(const TokenStream& stream, int64_t B_, int64_t T_, int64_t val_tokens)
+      : s(stream), B(B_), T(T_) {
+    const uint64_t per = uint64_t(B * T);
+    const uint64_t have = s.size() > 0 ? s.size() - 1 : 0;
+    windows = std::min<uint64_t>(uint64_t(val_tokens), have) / per;
+    if (windows == 0)
+      throw Error("--val-tokens " + std::to_string(val_tokens) + " with a val split of " +
+                  std::to_string(s.size()) +
+                  " tokens holds no whole batch (B*T = " + std::to_string(per) + ")");
+  }
+  double loss(Qwen3& model) const {
+    std::vector<int32_t> buf(size_t(B * T) + 1);
+    Batch b;
+    b.B = B, b.T = T;
+    double sum = 0;
+    for (uint64_t j = 0; j < windows; ++j) {
+      s.read(j * uint64_t(B * T), buf.size(), buf.data());
+      b.tokens.assign(buf.begin(), buf.end() - 1);
+      b.targets.assign(buf.begin() + 1, buf.end());
+      sum += model.forward(b);
+    }
+    return sum / double(windows);
+  }
+};
+
+}  // namespace
+
+int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& init,
+        cpu::ThreadGovernor* governor) {
+  const Config& c = preset(rc.preset);
+  const data::ShardMeta meta = data::read_meta(rc.data);
+  if (meta.vocab_size > uint64_t(c.V))
+    throw Error(rc.data + ": its tokenizer has " + std::to_string(meta.vocab_size) +
+                " ids, more than " + c.name + "'s vocabulary of " + std::to_string(c.V));
+  const TokenStream train_stream(rc.data, "train", uint32_t(c.V));
+  BatchLoader loader(train_stream, rc.B, rc.T, rc.order, uint64_t(rc.seed));
+  std::optional<TokenStream> val_stream;
+  std::optional<Validator> validator;
+  if (rc.val_every > 0) {
+    val_stream.emplace(rc.data, "val", uint32_t(c.V));
+    validator.emplace(*val_stream, rc.B, rc.T, rc.val_tokens);
+  }
+  const Schedule sched =
+      Schedule::make(rc.steps, rc.warmup, rc.decay_ratio, rc.decay_type, rc.lr_min);
+  std::printf("data: %s: %llu train tokens, %llu windows of %lld x %lld an epoch (%s)",
+              rc.data.c_str(), (unsigned long long)train_stream.size(),
+              (unsigned long long)loader.windows(), (long long)rc.B, (long long)rc.T,
+              data_order_name(rc.order));
+  if (validator)
+    std::printf("; val: %llu windows every %lld steps", (unsigned long long)validator->windows,
+                (long long)rc.val_every);
+  std::printf("\n");
+  if (rc.optimizer == OptimizerKind::adamw)
+    std::printf(
+        "optimizer: adamw lr %g betas (%g, %g) eps %g weight decay %g, fp32 master weights; "
+        "schedule: warmup %lld, stable %lld, decay %lld (%s) to %g; max norm %g; grad accum "
+        "%lld\n",
+        rc.lr, rc.adamw.beta1, rc.adamw.beta2, rc.adamw.eps, rc.adamw.weight_decay,
+        (long long)sched.warmup, (long long)sched.stable, (long long)sched.decay,
+        decay_type_name(sched.type), rc.lr_min, rc.max_norm, (long long)rc.grad_accum);
+  else
+    std::printf(
+        "optimizer: sgd lr %g, fp32 master weights; schedule: warmup %lld, stable %lld, decay "
+        "%lld (%s) to %g; max norm %g; grad accum %lld\n",
+        rc.lr, (long long)sched.warmup, (long long)sched.stable, (long long)sched.decay,
+        decay_type_name(sched.type), rc.lr_min, rc.max_norm, (long long)rc.grad_accum);
+  std::fflush(stdout);
+
+  Qwen3 model(c, rc.dtype, rc.B, rc.T, ops, false);
+  const ParamLayout& layout = model.layout();
+  const size_t n = layout.total;
+  std::vector<float> master(n), gacc(n), grad(n), m, v;
+  if (rc.optimizer == OptimizerKind::adamw) m.assign(n, 0.f), v.assign(n, 0.f);
+  const ParamSink to_master = [&](size_t off, const float* x, size_t k) {
+    std::copy(x, x + k, master.begin() + long(off));
+  };
+  if (init) {
+    load_params(*init, c, to_master);
+    std::printf("init: %s (%s, %s)\n", rc.init_from.c_str(), init->kind.c_str(), c.name.c_str());
+  } else {
+    init_params(to_master, c, layout, uint64_t(rc.seed));
+  }
+  model.set_params(master.data());  // (bf16 runs: the bf16 copy the steps compute with)
+
+  MetricsLog log(rc.metrics);
+  TrainRecord rec;
+  rec.seq_len = rc.T, rec.seed = rc.seed, rec.learning_rate = rc.lr, rec.init_from = rc.init_from;
+  std::string failure;
+  uint64_t tokens = 0;
+  const uint64_t per_step = uint64_t(rc.B * rc.T * rc.grad_accum);
+  Batch batch;
+  if (governor) governor->begin();
+  for (int64_t s = 0; s < rc.steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double lr = rc.lr * sched.factor(s);
+    double loss = 0;
+    for (int64_t k = 0; k < rc.grad_accum; ++k) {
+      loader.next(batch);
+      loss += model.forward(batch);
+      model.backward();
+      model.get_grads(k == 0 ? gacc.data() : grad.data());
+      if (k > 0) add(gacc.data(), grad.data(), n);
+    }
+    // the mean over all grad_accum * B * T tokens, as TorchTitan's rescaled loss gives it
+    loss /= double(rc.grad_accum);
+    if (rc.grad_accum > 1) scale(gacc.data(), n, float(1.0 / double(rc.grad_accum)));
+    const double norm = global_norm(gacc.data(), n);
+    tokens += per_step;
+    if (!std::isfinite(loss) || !std::isfinite(norm)) {
+      failure = std::string(std::isfinite(loss) ? "gradient norm" : "loss") +
+                " is not finite at step " + std::to_string(s + 1);
+      std::printf("step %lld: loss %g, grad norm %g\n", (long long)(s + 1), loss, norm);
+      break;
+    }
+    if (rc.max_norm > 0)  // torch.nn.utils.clip_grad_norm_: the coefficient clamped to 1
+      scale(gacc.data(), n, float(std::min(1.0, rc.max_norm / (norm + 1e-6))));
+    if (rc.optimizer == OptimizerKind::adamw)
+      adamw_step(master.data(), m.data(), v.data(), gacc.data(), n, lr, rc.adamw, s + 1);
+    else
+      sgd_step(master.data(), gacc.data(), n, lr);
+    model.set_params(master.data());
+    ops.sync();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    rec.losses.push_back(loss);
+    rec.steps = s + 1;
+    StepMetrics sm{s + 1, rc.steps, loss, lr, norm, tokens, ms, double(per_step) / ms * 1e3};
+    log.step(sm);
+    if ((s + 1) % rc.log_every == 0 || s + 1 == rc.steps) {
+      std::printf("%s\n", step_line(sm).c_str());
+      std::fflush(stdout);
+    }
+    if (validator && ((s + 1) % rc.val_every == 0 || s + 1 == rc.steps)) {
+      const double vl = validator->loss(model);
+      const uint64_t vt = validator->windows * uint64_t(rc.B * rc.T);
+      std::printf("validation at step %lld: loss %.6f over %llu tokens\n", (long long)(s + 1), vl,
+                  (unsigned long long)vt);
+      std::fflush(stdout);
+      log.validation(s + 1, tokens, vl, vt);
+    }
+    if (governor) governor->after_step();
+  }
+  rec.initial_loss = rec.losses.empty() ? NAN : rec.losses.front();
+  // what `check` compares: the saved weights' loss on the fixed batch at this T
+  rec.final_loss = model.forward(fixed_batch(rc.B, rc.T, c.V));
+  if (failure.empty() && !rec.losses.empty())
+    std::printf("final train loss: %.6f\n", rec.losses.back());
+  if (governor)
+    if (const std::string used = governor->summary(); !used.empty())
+      std::printf("threads: %s (other processes took cores)\n", used.c_str());
+  const std::string out = failure.empty() ? rc.output : failed_name(rc.output);
+  save_checkpoint(out, c, arena_reader(master.data()), rc.dtype, rec);
+  std::printf("checkpoint: %s\n", out.c_str());
+  if (!failure.empty()) {
+    std::printf("training: FAILED: %s\n", failure.c_str());
+    return 1;
+  }
+  std::printf("training: ok\n");
+  return 0;
+}
+
+}  // namespace tq::train

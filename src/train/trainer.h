@@ -1,0 +1,57 @@
+// Training on token shards: batches from a split (train/data.h), micro-batches accumulated,
+// the global gradient norm clipped, AdamW or SGD on fp32 master weights (train/optimizer.h) at
+// TorchTitan's schedule (train/schedule.h), validation on fixed windows of the val split, a
+// line per step and a JSONL record (train/metrics.h).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/common.h"
+#include "model/ops.h"
+#include "train/data.h"
+#include "train/optimizer.h"
+#include "train/schedule.h"
+
+namespace tq {
+struct ModelFile;
+namespace cpu {
+class ThreadGovernor;
+}
+}  // namespace tq
+
+namespace tq::train {
+
+struct RunConfig {
+  std::string preset = "debugmodel";
+  DType dtype = DType::bf16;
+  int64_t B = 1, T = 32, steps = 20, seed = 0;
+  std::string output, init_from;
+  // data
+  std::string data;  // a folder from `prepare`
+  DataOrder order = DataOrder::sequential;
+  int64_t grad_accum = 1;
+  // optimizer and schedule
+  OptimizerKind optimizer = OptimizerKind::adamw;
+  double lr = 8e-4;
+  AdamWConfig adamw;
+  int64_t warmup = 2;
+  std::optional<double> decay_ratio = 0.8;
+  DecayType decay_type = DecayType::linear;
+  double lr_min = 0;
+  double max_norm = 1.0;  // 0: no clipping
+  // validation and output
+  int64_t val_every = 0, val_tokens = 0;
+  int64_t log_every = 1;
+  std::string metrics;  // a JSONL file, or ""
+};
+
+// The bytes the optimizer holds besides the model's arenas: fp32 master weights, the
+// accumulated gradient, a micro-batch's gradient, and AdamW's two moments.
+size_t optimizer_bytes(const RunConfig& rc, size_t params);
+
+// Runs it; prints as it goes; returns the exit code (0, or 1 for `training: FAILED`).
+int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& init,
+        cpu::ThreadGovernor* governor);
+
+}  // namespace tq::train
