@@ -300,6 +300,26 @@ mkdir -p "$dir/full" && echo x >"$dir/full/keep"
 expect_error "prepare: an output folder that is not empty" prepare --tokenizer "$dir/tok.json" --input "$dir/text.txt" --out "$dir/full"
 [ "$(ls "$dir/full")" = keep ] || { echo "FAIL: prepare wrote into a folder that was not empty"; fails=$((fails + 1)); }
 expect_none "brown-text: not a Brown corpus" "$dir/b.jsonl" brown-text "$dir/full" --out "$dir/b.jsonl"
+# Training on text: bad shard folders and flags
+"$bin" prepare --tokenizer "$dir/tok.json" --input "$dir/text.txt" "$dir/text.txt" --val-fraction 0.5 --out "$dir/shards" >/dev/null
+expect_error "train: --data folder missing" train --data "$dir/none" $out
+expect_error "train: --data folder without meta.json" train --data "$dir/full" $out
+expect_error "train: seq-len past the context" train --data "$dir/shards" --seq-len 5000 $out
+expect_error "train: more tokens a batch than the split has" train --data "$dir/shards" --seq-len 512 --batch-size 8 $out
+expect_error "train: --grad-accum without --data" train --grad-accum 2 $out
+expect_error "train: --optimizer adamw without --data" train --optimizer adamw $out
+expect_error "train: unknown optimizer" train --data "$dir/shards" --optimizer lion $out
+expect_error "train: unknown decay type" train --data "$dir/shards" --decay-type step $out
+expect_error "train: unknown data order" train --data "$dir/shards" --data-order random $out
+expect_error "train: --val-every without --val-tokens" train --data "$dir/shards" --val-every 5 $out
+expect_error "train: zero grad-accum" train --data "$dir/shards" --grad-accum 0 $out
+expect_error "train: beta1 of 1" train --data "$dir/shards" --beta1 1 $out
+expect_error "train: negative max-norm" train --data "$dir/shards" --max-norm -1 $out
+expect_error "train: --dump-first-step with --data" train --data "$dir/shards" --dump-first-step "$dir/d.pt" $out
+cp -r "$dir/shards" "$dir/bigvocab" && sed -i 's/"vocab_size": [0-9]*/"vocab_size": 999999/' "$dir/bigvocab/meta.json"
+expect_error "train: shards of a tokenizer larger than the model's vocabulary" train --data "$dir/bigvocab" $out
+printf 'XXXX' | dd of="$dir/shards/train_000000.bin" bs=1 seek=0 conv=notrunc 2>/dev/null
+expect_error "train: a shard with a wrong magic" train --data "$dir/shards" $out
 if command -v taskset >/dev/null; then
   expect_threads "default threads" 1 "" --
   expect_threads "--threads 2" 2 "--threads 2 is more than the 1 CPU(s)" -- --threads 2

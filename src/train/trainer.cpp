@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -59,6 +61,9 @@ struct Validator {
 int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& init,
         cpu::ThreadGovernor* governor) {
   const Config& c = preset(rc.preset);
+  if (access((rc.data + "/meta.json").c_str(), F_OK) != 0)
+    throw Error("--data " + rc.data + " is not a folder of token shards (no meta.json): make " +
+                "one with tiny-qwen3 prepare");
   const data::ShardMeta meta = data::read_meta(rc.data);
   if (meta.vocab_size > uint64_t(c.V))
     throw Error(rc.data + ": its tokenizer has " + std::to_string(meta.vocab_size) +
