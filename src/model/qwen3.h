@@ -27,7 +27,7 @@ void rope_tables(std::vector<float>& cos, std::vector<float>& sin, int64_t T, in
 
 struct MemoryPlan {
   size_t params, grads, activations, scratch;  // bytes
-  size_t optimizer = 0;  // the trainer's, beside the model (train/trainer.h)
+  size_t optimizer = 0;                        // the trainer's, beside the model (train/trainer.h)
   size_t total() const { return params + grads + activations + scratch + optimizer; }
 };
 // Whether a run of this dtype on this backend keeps its large activations in bf16 storage:
