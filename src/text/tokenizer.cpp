@@ -894,8 +894,11 @@ struct TokenizerImpl {
     if (!vocab.is_object()) r.fail(f + ".vocab", "expected an object of token: id");
     bpe.vocab.reserve(vocab.size());
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      const uint32_t id = r.id(it.value(), f + ".vocab[\"" + it.key() + "\"]");
-      bpe.vocab[it.key()] = id;
+      const json& v = it.value();  // (the field's name is built only for an error)
+      const uint32_t id = v.is_number_unsigned() && v.get<uint64_t>() <= 0x7fffffffu
+                              ? v.get<uint32_t>()
+                              : r.id(v, f + ".vocab[\"" + it.key() + "\"]");
+      bpe.vocab.emplace(it.key(), id);
       set_token(id, it.key(), false);
     }
     if (m.contains("unk_token") && !m["unk_token"].is_null()) {
@@ -907,33 +910,35 @@ struct TokenizerImpl {
     const json& merges = r.get(m, f, "merges");
     if (!merges.is_array()) r.fail(f + ".merges", "expected a list");
     bpe.merges.reserve(merges.size());
+    std::string merged;
     for (size_t i = 0; i < merges.size(); ++i) {
       const json& e = merges[i];
-      const std::string fi = f + ".merges[" + std::to_string(i) + "]";
-      std::string a, b;
+      const auto fi = [&] { return f + ".merges[" + std::to_string(i) + "]"; };
+      std::string_view a, b;
       if (e.is_string()) {  // "a b"
-        const std::string s = e.get<std::string>();
+        const std::string& s = e.get_ref<const std::string&>();
         const size_t sp = s.find(' ');
         if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-          r.fail(fi, "expected two tokens separated by one space");
-        a = s.substr(0, sp);
-        b = s.substr(sp + 1);
+          r.fail(fi(), "expected two tokens separated by one space");
+        a = std::string_view(s).substr(0, sp);
+        b = std::string_view(s).substr(sp + 1);
       } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
-        a = e[0].get<std::string>();
-        b = e[1].get<std::string>();
+        a = e[0].get_ref<const std::string&>();
+        b = e[1].get_ref<const std::string&>();
       } else {
-        r.fail(fi, "expected [\"a\", \"b\"] or \"a b\"");
+        r.fail(fi(), "expected [\"a\", \"b\"] or \"a b\"");
       }
       auto ia = bpe.vocab.find(a), ib = bpe.vocab.find(b);
       if (ia == bpe.vocab.end() || ib == bpe.vocab.end())
-        r.fail(fi, "'" + (ia == bpe.vocab.end() ? a : b) + "' is not in the vocabulary");
-      std::string merged = a;
-      merged += (!bpe.prefix.empty() && b.compare(0, bpe.prefix.size(), bpe.prefix) == 0)
-                    ? b.substr(bpe.prefix.size())
-                    : b;
-      auto im = bpe.vocab.find(merged);
+        r.fail(fi(),
+               "'" + std::string(ia == bpe.vocab.end() ? a : b) + "' is not in the vocabulary");
+      merged.assign(a);
+      if (!bpe.prefix.empty() && b.substr(0, bpe.prefix.size()) == bpe.prefix)
+        b.remove_prefix(bpe.prefix.size());
+      merged += b;
+      auto im = bpe.vocab.find(std::string_view(merged));
       if (im == bpe.vocab.end())
-        r.fail(fi, "makes '" + merged + "', which is not in the vocabulary");
+        r.fail(fi(), "makes '" + merged + "', which is not in the vocabulary");
       bpe.merges.put(ia->second, ib->second, uint32_t(i), im->second);
     }
     for (int b = 0; b < 256; ++b) {
