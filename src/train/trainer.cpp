@@ -125,6 +125,13 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
   uint64_t tokens = 0;
   const uint64_t per_step = uint64_t(rc.B * rc.T * rc.grad_accum);
   Batch batch;
+  // On a terminal, a progress line with the time left (stderr, redrawn in place; cleared
+  // before each line the run prints).
+  const bool tty = isatty(2) == 1;
+  const auto clear_progress = [&] {
+    if (tty) std::fputs("\r\033[K", stderr);
+  };
+  double ms_sum = 0;
   if (governor) governor->begin();
   for (int64_t s = 0; s < rc.steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -163,11 +170,21 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
     StepMetrics sm{s + 1, rc.steps, loss, lr, norm, tokens, ms, double(per_step) / ms * 1e3};
     log.step(sm);
     if ((s + 1) % rc.log_every == 0 || s + 1 == rc.steps) {
+      clear_progress();
       std::printf("%s\n", step_line(sm).c_str());
       std::fflush(stdout);
     }
+    ms_sum += ms;
+    if (tty && s + 1 < rc.steps) {
+      const double left = ms_sum / double(s + 1) * double(rc.steps - s - 1) / 1e3;
+      std::fprintf(stderr, "\r\033[Kstep %lld/%lld (%.0f%%), about %.0f min %02.0f s left",
+                   (long long)(s + 1), (long long)rc.steps,
+                   100.0 * double(s + 1) / double(rc.steps), std::floor(left / 60),
+                   std::fmod(left, 60.0));
+    }
     if (validator && ((s + 1) % rc.val_every == 0 || s + 1 == rc.steps)) {
       const double vl = validator->loss(model);
+      clear_progress();
       const uint64_t vt = validator->windows * uint64_t(rc.B * rc.T);
       std::printf("validation at step %lld: loss %.6f over %llu tokens\n", (long long)(s + 1), vl,
                   (unsigned long long)vt);
@@ -176,6 +193,7 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
     }
     if (governor) governor->after_step();
   }
+  clear_progress();
   rec.initial_loss = rec.losses.empty() ? NAN : rec.losses.front();
   // what `check` compares: the saved weights' loss on the fixed batch at this T
   rec.final_loss = model.forward(fixed_batch(rc.B, rc.T, c.V));
