@@ -531,7 +531,8 @@ int main(int argc, char** argv) {
       "export its weights"};
   app.require_subcommand(1);
   TrainArgs a;
-  CLI::App* tr = app.add_subcommand("train", "train on the walkthrough's fixed batch with SGD");
+  CLI::App* tr = app.add_subcommand(
+      "train", "on token shards with --data (AdamW), else on the walkthrough's fixed batch (SGD)");
   tr->add_option("--backend", a.backend, "cpu, or cuda (an NVIDIA GPU, sm_80 and newer)")
       ->capture_default_str();
   tr->add_option("--device", a.device, "GPU index for --backend cuda")
