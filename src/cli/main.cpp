@@ -57,15 +57,6 @@ struct TrainArgs {
   }
 };
 
-std::string with_commas(int64_t v) {
-  std::string s = std::to_string(v), r;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i && (s.size() - i) % 3 == 0) r += ',';
-    r += s[i];
-  }
-  return r;
-}
-
 double available_memory_bytes() {
   std::ifstream f("/proc/meminfo");
   std::string line;
@@ -396,19 +387,12 @@ int train_walkthrough_or_text(TrainArgs a) {
                 tokens / med * 1e3, flops / med * 1e-6);
     if (a.profile && ms.size() > 1) print_profile(ms, kernels);
   }
-  if (governor)
-    if (const std::string used = governor->summary(); !used.empty())
-      std::printf("threads: %s (other processes took cores)\n", used.c_str());
-  const std::string out = failure.empty() ? a.output : failed_name(a.output);
-  save_checkpoint(
-      out, c, [&](size_t off, size_t n, float* x) { model.get_params(x, off, n); }, dtype, rec);
-  std::printf("checkpoint: %s\n", out.c_str());
-  if (!failure.empty()) {
-    std::printf("training: FAILED: %s\n", failure.c_str());
-    return 1;
-  }
-  std::printf("training: ok\n");
-  return 0;
+  return train::finish_run(
+      governor ? &*governor : nullptr, a.output, failure, [&](const std::string& path) {
+        save_checkpoint(
+            path, c, [&](size_t off, size_t n, float* x) { model.get_params(x, off, n); }, dtype,
+            rec);
+      });
 }
 
 struct CheckArgs {

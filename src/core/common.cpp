@@ -11,4 +11,14 @@ const char* dtype_name(DType t) {
   return t == DType::f32 ? "float32" : "bfloat16";
 }
 
+std::string with_commas(int64_t v) {
+  const std::string d = std::to_string(v);
+  std::string s;
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (i && d[i - 1] != '-' && (d.size() - i) % 3 == 0) s += ',';
+    s += d[i];
+  }
+  return s;
+}
+
 }  // namespace tq

@@ -46,6 +46,9 @@ inline float round_bf16(float f) {
   return bf16_to_f32(f32_to_bf16(f));
 }
 
+// 31987968 -> "31,987,968"
+std::string with_commas(int64_t v);
+
 enum class DType { f32, bf16 };
 DType parse_dtype(const std::string& s);  // "float32" | "bfloat16", else Error
 const char* dtype_name(DType t);

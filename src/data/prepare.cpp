@@ -369,16 +369,6 @@ class Documents {
   std::vector<Job> jobs_;
 };
 
-std::string thousands(uint64_t v) {
-  const std::string d = std::to_string(v);
-  std::string s;
-  for (size_t i = 0; i < d.size(); ++i) {
-    if (i && (d.size() - i) % 3 == 0) s += ',';
-    s += d[i];
-  }
-  return s;
-}
-
 }  // namespace
 
 int prepare(const PrepareArgs& a) {
@@ -478,7 +468,7 @@ int prepare(const PrepareArgs& a) {
     }
   }
   if (text_tokens == 0)
-    throw Error("the " + thousands(n) + " documents have no tokens: give some text");
+    throw Error("the " + with_commas(int64_t(n)) + " documents have no tokens: give some text");
   split[0].finish(), split[1].finish();
   meta.train = split[0].meta;
   meta.val = split[1].meta;
@@ -490,13 +480,14 @@ int prepare(const PrepareArgs& a) {
   std::printf(
       "prepare: %s documents, %s tokens, %.1f MB of input in %.2f s (%.1f MB/s, %d "
       "threads)\n",
-      thousands(n).c_str(), thousands(meta.train.tokens + meta.val.tokens).c_str(),
-      double(docs.bytes()) / 1e6, secs, double(docs.bytes()) / 1e6 / std::max(secs, 1e-9), threads);
+      with_commas(int64_t(n)).c_str(),
+      with_commas(int64_t(meta.train.tokens + meta.val.tokens)).c_str(), double(docs.bytes()) / 1e6,
+      secs, double(docs.bytes()) / 1e6 / std::max(secs, 1e-9), threads);
   for (int s = 0; s < 2; ++s) {
     const SplitMeta& m = s ? meta.val : meta.train;
     std::printf("  %-5s %s documents, %s tokens, %zu shard%s\n", kSplits[s],
-                thousands(m.documents).c_str(), thousands(m.tokens).c_str(), m.shards.size(),
-                m.shards.size() == 1 ? "" : "s");
+                with_commas(int64_t(m.documents)).c_str(), with_commas(int64_t(m.tokens)).c_str(),
+                m.shards.size(), m.shards.size() == 1 ? "" : "s");
   }
   std::printf("wrote %s (meta.json and %zu shards)\n", a.out.c_str(),
               meta.train.shards.size() + meta.val.shards.size());

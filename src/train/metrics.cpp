@@ -8,24 +8,13 @@
 
 namespace tq::train {
 
-namespace {
-std::string commas(uint64_t v) {
-  std::string s = std::to_string(v), r;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i && (s.size() - i) % 3 == 0) r += ',';
-    r += s[i];
-  }
-  return r;
-}
-}  // namespace
-
 std::string step_line(const StepMetrics& m) {
   char b[256];
   const int w = int(std::to_string(m.steps).size());
   std::snprintf(b, sizeof b,
                 "step %*lld/%lld | loss %.6f | lr %.3e | grad norm %.4f | %s tok/s | %.1f ms", w,
                 (long long)m.step, (long long)m.steps, m.loss, m.lr, m.grad_norm,
-                commas(uint64_t(m.tokens_per_s + 0.5)).c_str(), m.ms);
+                with_commas(int64_t(m.tokens_per_s + 0.5)).c_str(), m.ms);
   return b;
 }
 

@@ -199,11 +199,18 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
   rec.final_loss = model.forward(fixed_batch(rc.B, rc.T, c.V));
   if (failure.empty() && !rec.losses.empty())
     std::printf("final train loss: %.6f\n", rec.losses.back());
+  return finish_run(governor, rc.output, failure, [&](const std::string& path) {
+    save_checkpoint(path, c, arena_reader(master.data()), rc.dtype, rec);
+  });
+}
+
+int finish_run(const cpu::ThreadGovernor* governor, const std::string& output,
+               const std::string& failure, const std::function<void(const std::string&)>& save) {
   if (governor)
     if (const std::string used = governor->summary(); !used.empty())
       std::printf("threads: %s (other processes took cores)\n", used.c_str());
-  const std::string out = failure.empty() ? rc.output : failed_name(rc.output);
-  save_checkpoint(out, c, arena_reader(master.data()), rc.dtype, rec);
+  const std::string out = failure.empty() ? output : failed_name(output);
+  save(out);
   std::printf("checkpoint: %s\n", out.c_str());
   if (!failure.empty()) {
     std::printf("training: FAILED: %s\n", failure.c_str());

@@ -4,6 +4,7 @@
 // line per step and a JSONL record (train/metrics.h).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -49,6 +50,12 @@ struct RunConfig {
 // The bytes the optimizer holds besides the model's arenas: fp32 master weights, the
 // accumulated gradient, a micro-batch's gradient, and AdamW's two moments.
 size_t optimizer_bytes(const RunConfig& rc, size_t params);
+
+// The end every training run shares: the thread summary, the checkpoint written by save (to
+// `output`, or NAME.FAILED.pt when `failure` says why the run failed), and `training: ok`
+// (returns 0) or `training: FAILED: <failure>` (returns 1).
+int finish_run(const cpu::ThreadGovernor* governor, const std::string& output,
+               const std::string& failure, const std::function<void(const std::string&)>& save);
 
 // Runs it; prints as it goes; returns the exit code (0, or 1 for `training: FAILED`).
 int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& init,
