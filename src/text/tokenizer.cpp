@@ -588,11 +588,13 @@ struct TokenizerImpl {
   }
 
   // Applies stages[k..] to one piece; `arena` owns the strings that stages build.
-  void run_stages(size_t k, Piece p, std::deque<std::string>& arena,
-                  std::vector<uint32_t>& out) const {
+  // Applies stages[k..] to one piece and hands each final piece to done(Piece); `arena` owns
+  // the strings that stages build. Encoding and pre_tokenize() both walk the stages here.
+  template <class Done>
+  void run_stages(size_t k, Piece p, std::deque<std::string>& arena, Done&& done) const {
     if (p.text.empty()) return;
     if (k == stages.size()) {
-      encode_piece(p, out);
+      done(p);
       return;
     }
     const Stage& st = stages[k];
@@ -602,19 +604,23 @@ struct TokenizerImpl {
         p.text = arena.back();
       }
       if (!st.regex) {
-        run_stages(k + 1, {p.text, true}, arena, out);
+        run_stages(k + 1, {p.text, true}, arena, done);
         return;
       }
       if (p.bytes) p = {materialize(p, arena), false};
       split(*st.regex, Behavior::Isolated, false, p.text, true, [&](std::string_view piece) {
-        run_stages(k + 1, {piece, true}, arena, out);
+        run_stages(k + 1, {piece, true}, arena, done);
       });
       return;
     }
     if (p.bytes) p = {materialize(p, arena), false};
     split(*st.regex, st.behavior, st.invert, p.text, true, [&](std::string_view piece) {
-      run_stages(k + 1, {piece, false}, arena, out);
+      run_stages(k + 1, {piece, false}, arena, done);
     });
+  }
+  void run_stages(size_t k, Piece p, std::deque<std::string>& arena,
+                  std::vector<uint32_t>& out) const {
+    run_stages(k, p, arena, [&](const Piece& w) { encode_piece(w, out); });
   }
 
   static std::string_view materialize(const Piece& p, std::deque<std::string>& arena) {
@@ -1213,38 +1219,10 @@ std::string Tokenizer::normalize(std::string_view text) const {
 void Tokenizer::pre_tokenize(std::string_view normalized,
                              const std::function<void(std::string_view)>& emit) const {
   // The pieces as the model sees them: byte-level pieces spelled in their characters.
-  const TokenizerImpl& t = *impl_;
   std::deque<std::string> arena;
-  std::function<void(size_t, Piece)> run = [&](size_t k, Piece p) {
-    if (p.text.empty()) return;
-    if (k == t.stages.size()) {
-      if (p.bytes)
-        emit(TokenizerImpl::materialize(p, arena));
-      else
-        emit(p.text);
-      return;
-    }
-    const Stage& st = t.stages[k];
-    if (st.kind == Stage::ByteLevel) {
-      if (st.add_prefix_space && p.text[0] != ' ') {
-        arena.push_back(" " + std::string(p.text));
-        p.text = arena.back();
-      }
-      if (!st.regex) return run(k + 1, {p.text, true});
-      if (p.bytes) p = {TokenizerImpl::materialize(p, arena), false};
-      TokenizerImpl::split(*st.regex, Behavior::Isolated, false, p.text, true,
-                           [&](std::string_view piece) {
-                             run(k + 1, {piece, true});
-                           });
-      return;
-    }
-    if (p.bytes) p = {TokenizerImpl::materialize(p, arena), false};
-    TokenizerImpl::split(*st.regex, st.behavior, st.invert, p.text, true,
-                         [&](std::string_view piece) {
-                           run(k + 1, {piece, false});
-                         });
-  };
-  run(0, {normalized, false});
+  impl_->run_stages(0, Piece{normalized, false}, arena, [&](const Piece& p) {
+    emit(p.bytes ? TokenizerImpl::materialize(p, arena) : p.text);
+  });
 }
 
 uint32_t Tokenizer::vocab_size() const {
