@@ -316,10 +316,43 @@ expect_error "train: zero grad-accum" train --data "$dir/shards" --grad-accum 0 
 expect_error "train: beta1 of 1" train --data "$dir/shards" --beta1 1 $out
 expect_error "train: negative max-norm" train --data "$dir/shards" --max-norm -1 $out
 expect_error "train: --dump-first-step with --data" train --data "$dir/shards" --dump-first-step "$dir/d.pt" $out
+cp -r "$dir/shards" "$dir/shards2"
 cp -r "$dir/shards" "$dir/bigvocab" && sed -i 's/"vocab_size": [0-9]*/"vocab_size": 999999/' "$dir/bigvocab/meta.json"
 expect_error "train: shards of a tokenizer larger than the model's vocabulary" train --data "$dir/bigvocab" $out
 printf 'XXXX' | dd of="$dir/shards/train_000000.bin" bs=1 seek=0 conv=notrunc 2>/dev/null
 expect_error "train: a shard with a wrong magic" train --data "$dir/shards" $out
+# plot: a metrics file's steps and validations drawn (a PNG), bad metrics refused
+printf '{"step":1,"loss":7.5,"lr":1e-4,"grad_norm":1,"tokens":64,"tokens_per_s":9,"ms":1}\n{"step":1,"tokens":64,"val_loss":7.6,"val_tokens":64}\n{"step":2,"loss":7.1,"lr":1e-4,"grad_norm":1,"tokens":128,"tokens_per_s":9,"ms":1}\n' >"$dir/m.jsonl"
+if command -v gnuplot >/dev/null; then
+  if "$bin" plot "$dir/m.jsonl" --out "$dir/loss.png" >/dev/null 2>"$dir/err" &&
+    [ "$(head -c 4 "$dir/loss.png" | od -An -c | tr -d ' ')" = '211PNG' ] && ! ls "$dir"/loss.png.tmp* >/dev/null 2>&1; then
+    echo "ok: plot draws a PNG"
+    passes=$((passes + 1))
+  else
+    echo "FAIL: plot: $(cat "$dir/err")"
+    fails=$((fails + 1))
+  fi
+else
+  echo "skip: plot needs gnuplot (tools/deps.sh installs gnuplot-nox)"
+fi
+printf '{"step":1}\n' >"$dir/bad_m.jsonl"
+expect_none "plot: not a metrics file" "$dir/p.png" plot "$dir/bad_m.jsonl" --out "$dir/p.png"
+: >"$dir/empty_m.jsonl"
+expect_none "plot: no steps" "$dir/p.png" plot "$dir/empty_m.jsonl" --out "$dir/p.png"
+# On a terminal, train --data draws a progress line on stderr (script(1) gives it one)
+if command -v script >/dev/null; then
+  script -qec "$bin train --data $dir/shards2 --seq-len 4 --steps 3 --log-every 3 --output $dir/tty.pt" /dev/null >"$dir/tty.out" 2>&1 || true
+  if grep -q "step 1/3 (33%), about" "$dir/tty.out" && grep -q "training: ok" "$dir/tty.out"; then
+    echo "ok: a progress line on a terminal"
+    passes=$((passes + 1))
+  else
+    echo "FAIL: no progress line on a terminal: $(tail -c 300 "$dir/tty.out")"
+    fails=$((fails + 1))
+  fi
+  "$bin" train --data "$dir/shards2" --seq-len 4 --steps 3 --output "$dir/tty.pt" 2>"$dir/err" >/dev/null
+  if [ -s "$dir/err" ]; then echo "FAIL: progress written without a terminal"; fails=$((fails + 1)); fi
+  rm -f "$dir"/tty.pt
+fi
 if command -v taskset >/dev/null; then
   expect_threads "default threads" 1 "" --
   expect_threads "--threads 2" 2 "--threads 2 is more than the 1 CPU(s)" -- --threads 2
