@@ -32,6 +32,7 @@
 #include "ref/model.h"
 #include "text/commands.h"
 #include "train/plot.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 namespace tq {
@@ -49,6 +50,8 @@ struct TrainArgs {
   // training on text (train/trainer.h); `given` records which flags were on the command line
   std::string data, data_order = "sequential", optimizer, decay_type = "linear", metrics;
   int64_t grad_accum = 1, warmup = 2, val_every = 0, val_tokens = 0, log_every = 1;
+  int64_t save_every = 0, keep = 0, stop_after = 0;
+  std::string resume;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, decay_ratio = 0.8, lr_min = 0,
          max_norm = 1.0;
   std::vector<std::string> given;
@@ -121,7 +124,41 @@ train::RunConfig to_run_config(const TrainArgs& a) {
   r.lr_min = a.lr_min, r.max_norm = a.max_norm;
   r.val_every = a.val_every, r.val_tokens = a.val_tokens, r.log_every = a.log_every;
   r.metrics = a.metrics;
+  r.save_every = a.save_every, r.keep = a.keep, r.stop_after = a.stop_after, r.resume = a.resume;
   return r;
+}
+
+// --resume CKPT: the run's recorded configuration, with what the command line may change
+// (train/checkpoint.h: --steps to more, logging, saving, where the shards lie) changed, into a.
+// A flag that would change anything else is an Error, unless it gives the recorded value.
+void resume_into(TrainArgs& a) {
+  train::RunConfig r = train::read_run_config(a.resume);
+  const train::RunConfig given = to_run_config(a);
+  for (const train::ConfigField& f : train::config_fields()) {
+    if (!a.has(f.flag) || f.get(given) == f.get(r)) continue;
+    if (!f.resumable)
+      throw Error(std::string(f.flag) + " " + f.get(given) + " is not the resumed run's (" +
+                  f.get(r) + " in " + a.resume +
+                  "): with --resume only --steps (more), --log-every, --metrics, --output, "
+                  "--save-every, --keep, --stop-after and --data (the same shards elsewhere) "
+                  "may be given");
+    if (std::string(f.flag) == "--steps" && given.steps < r.steps)
+      throw Error("--steps " + std::to_string(given.steps) + " is fewer than the resumed run's " +
+                  std::to_string(r.steps) + ": --resume may only extend a run");
+    f.set(r, f.get(given));
+  }
+  a.preset = r.preset, a.preset_given = true, a.dtype = dtype_name(r.dtype);
+  a.batch_size = r.B, a.seq_len = r.T, a.steps = r.steps, a.seed = r.seed;
+  a.output = r.output, a.init_from.clear();  // (the weights come from the checkpoint)
+  a.data = r.data, a.data_order = train::data_order_name(r.order), a.grad_accum = r.grad_accum;
+  a.optimizer = train::optimizer_name(r.optimizer), a.lr = r.lr;
+  a.given.push_back("--learning-rate");
+  a.beta1 = r.adamw.beta1, a.beta2 = r.adamw.beta2, a.eps = r.adamw.eps;
+  a.weight_decay = r.adamw.weight_decay, a.warmup = r.warmup;
+  if (r.decay_ratio) a.decay_ratio = *r.decay_ratio;
+  a.decay_type = train::decay_type_name(r.decay_type), a.lr_min = r.lr_min;
+  a.max_norm = r.max_norm, a.val_every = r.val_every, a.val_tokens = r.val_tokens;
+  a.log_every = r.log_every, a.metrics = r.metrics, a.save_every = r.save_every, a.keep = r.keep;
 }
 
 // Every flag, the output paths, and the memory the run plans (returned) against the machine
@@ -151,7 +188,8 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
     for (const char* f :
          {"--data-order", "--grad-accum", "--beta1", "--beta2", "--eps", "--weight-decay",
           "--warmup-steps", "--decay-ratio", "--decay-type", "--lr-min", "--max-norm",
-          "--val-every", "--val-tokens", "--log-every", "--metrics"})
+          "--val-every", "--val-tokens", "--log-every", "--metrics", "--save-every", "--keep",
+          "--stop-after"})
       if (a.has(f))
         throw Error(std::string(f) +
                     " is for training on text: give --data DIR (shards from "
@@ -188,9 +226,28 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
     if (a.val_every > 0 && a.val_tokens < 1)
       throw Error("--val-every needs --val-tokens M (the val tokens each validation reads)");
     if (!a.metrics.empty()) check_output_file(a.metrics);
+    if (a.save_every < 0)
+      throw Error("--save-every must be 0 (at the end only) or more, got " +
+                  std::to_string(a.save_every));
+    if (a.keep < 0) throw Error("--keep must be 0 (all) or more, got " + std::to_string(a.keep));
+    if (a.keep > 0 && !train::output_is_folder(a.output))
+      throw Error("--keep needs --output to be a folder (end it with /): a file holds one "
+                  "checkpoint");
+    if (a.stop_after < 0 || (a.stop_after > 0 && a.stop_after >= a.steps))
+      throw Error("--stop-after must be a step before the last (1.." +
+                  std::to_string(a.steps - 1) + "), got " + std::to_string(a.stop_after));
   }
-  for (const std::string& out : {a.output, a.dump_first_step})
-    if (!out.empty()) check_output_file(out);
+  if (a.output.empty()) throw Error("--output is required (where the checkpoint goes)");
+  if (!a.data.empty() && train::output_is_folder(a.output)) {
+    const std::string dir = a.output.back() == '/' ? a.output : a.output + "/";
+    const std::string parent = dir.substr(0, dir.find_last_of('/', dir.size() - 2) + 1);
+    if (access(dir.c_str(), F_OK) == 0 ? access(dir.c_str(), W_OK) != 0
+                                       : access(parent.empty() ? "." : parent.c_str(), W_OK) != 0)
+      throw Error("cannot write checkpoints into folder " + a.output);
+  } else {
+    check_output_file(a.output);
+  }
+  if (!a.dump_first_step.empty()) check_output_file(a.dump_first_step);
   const bool cuda = a.backend == "cuda";
   const DType dtype = parse_dtype(a.dtype);
   // (on the GPU, the CUDA backend's arenas: planned below, once it is known to load)
@@ -276,6 +333,7 @@ void print_profile(const std::vector<double>& ms, const std::vector<KernelTime>&
 }
 
 int train_walkthrough_or_text(TrainArgs a) {
+  if (!a.resume.empty()) resume_into(a);
   std::optional<ModelFile> src;  // --init-from: the weights to start from
   if (!a.init_from.empty()) {
     src = open_model_file(a.init_from);
@@ -545,7 +603,9 @@ int main(int argc, char** argv) {
       ->transform(kDecimal)
       ->check(CLI::Range(1, 4096).description(""));
   tr->add_flag("--profile", a.profile, "time every kernel and print where a step's time goes");
-  tr->add_option("--output", a.output, "checkpoint path (.pt)")->required()->check(kPath);
+  tr->add_option("--output", a.output,
+                 "checkpoint path (.pt); with --data also a folder (ending in /) of step-N.pt")
+      ->check(kPath);
   tr->add_option("--init-from", a.init_from,
                  "start from these weights instead of the seed: a .pt checkpoint or state dict, "
                  "a .safetensors file or a Hugging Face folder")
@@ -571,6 +631,15 @@ int main(int argc, char** argv) {
       ->transform(kDecimal);
   tr->add_option("--log-every", a.log_every, "print every N steps (1)")->transform(kDecimal);
   tr->add_option("--metrics", a.metrics, "write a JSON line per step and validation here")
+      ->check(kPath);
+  tr->add_option("--save-every", a.save_every, "also save a checkpoint every N steps (--data)")
+      ->transform(kDecimal);
+  tr->add_option("--keep", a.keep, "keep the newest K checkpoints in an --output folder (0: all)")
+      ->transform(kDecimal);
+  tr->add_option("--stop-after", a.stop_after, "save and stop after step K (resumable; exit 3)")
+      ->transform(kDecimal);
+  tr->add_option("--resume", a.resume,
+                 "continue the run of this checkpoint (its configuration; --steps may grow)")
       ->check(kPath);
   tr->add_option("--dump-first-step", a.dump_first_step,
                  "also save initial params, first-step grads and loss (.pt) for parity tests")
@@ -701,7 +770,7 @@ int main(int argc, char** argv) {
       a.preset_given = preset_opt->count() > 0;
       for (const CLI::Option* o : tr->get_options())
         if (o->count() > 0) a.given.push_back(o->get_name());
-      if (a.optimizer.empty()) a.optimizer = a.data.empty() ? "sgd" : "adamw";
+      if (a.optimizer.empty()) a.optimizer = a.data.empty() && a.resume.empty() ? "sgd" : "adamw";
       return train_walkthrough_or_text(a);
     }
     if (ex->parsed()) return export_model(ea);

@@ -136,9 +136,8 @@ ValuePtr state_dict(PtWriter& w, const Config& c, const ParamLayout& p, const Pa
   return sd;
 }
 
-void save_checkpoint(const std::string& path, const Config& cfg, const ParamReader& read,
-                     DType dtype, const TrainRecord& rec) {
-  PtWriter w;
+ValuePtr checkpoint_root(PtWriter& w, const Config& cfg, const ParamReader& read, DType dtype,
+                         const TrainRecord& rec, DType compute_dtype) {
   ValuePtr root = v_dict();
   dict_set(*root, "model", state_dict(w, cfg, make_layout(cfg), read, dtype));
   ValuePtr conf = v_dict();
@@ -150,13 +149,19 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamRead
   dict_set(*root, "learning_rate", v_float(rec.learning_rate));
   dict_set(*root, "initial_loss", v_float(rec.initial_loss));
   dict_set(*root, "final_loss", v_float(rec.final_loss));
-  dict_set(*root, "dtype", v_str(dtype_name(dtype)));
+  dict_set(*root, "dtype", v_str(dtype_name(compute_dtype)));
   std::vector<ValuePtr> losses;
   for (double l : rec.losses) losses.push_back(v_float(l));
   dict_set(*root, "losses", v_list(losses));
   if (!rec.init_from.empty()) dict_set(*root, "init_from", v_str(rec.init_from));
   dict_set(*root, "format", v_str(kCheckpointFormat));
-  w.save(path, *root);
+  return root;
+}
+
+void save_checkpoint(const std::string& path, const Config& cfg, const ParamReader& read,
+                     DType dtype, const TrainRecord& rec) {
+  PtWriter w;
+  w.save(path, *checkpoint_root(w, cfg, read, dtype, rec, dtype));
 }
 
 // ------------------------------------------------------------------ reading

@@ -1,7 +1,8 @@
 // tiny-qwen3 checkpoints: real PyTorch .pt files (zip + pickle protocol 2).
 // {"model": state_dict (TorchTitan's split-qkv key names, tied weight stored once),
 //  "config": {"preset", "seq_len", "seed"}, "steps", "learning_rate", "initial_loss",
-//  "final_loss", "dtype", "losses", "format"[, "init_from"]}
+//  "final_loss", "dtype" (the run's), "losses", "format"[, "init_from"]}; a text run's also
+// holds its fp32 master weights as "model" and the state to resume from (train/checkpoint.h).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -74,6 +75,10 @@ void encode_entry(const ByteSink& emit, const Config& cfg, const StateEntry& e,
 // The state dict of the parameters (arena in make_layout order) in the given dtype.
 ValuePtr state_dict(PtWriter& w, const Config& cfg, const ParamLayout& layout,
                     const ParamReader& read, DType dtype);
+// The checkpoint's root dict (the model in `dtype` and the record), storages added to w: a
+// text run adds its optimizer and loader state to it before w.save (train/checkpoint.h).
+ValuePtr checkpoint_root(PtWriter& w, const Config& cfg, const ParamReader& read, DType dtype,
+                         const TrainRecord& rec, DType compute_dtype);
 void save_checkpoint(const std::string& path, const Config& cfg, const ParamReader& read,
                      DType dtype, const TrainRecord& rec);
 // The same from a whole fp32 arena params[layout.total].

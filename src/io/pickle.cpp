@@ -164,6 +164,15 @@ struct Writer {
           op('e');
         }
         break;
+      case Value::Tuple:  // MARK items TUPLE, or EMPTY_TUPLE
+        if (v.items.empty()) {
+          op(')');
+          break;
+        }
+        op('(');
+        for (auto& x : v.items) value(*x);
+        op('t');
+        break;
       case Value::Dict:
         if (v.ordered)
           empty_ordered_dict();

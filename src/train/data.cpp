@@ -76,6 +76,13 @@ void BatchLoader::load(uint64_t window, Batch& b) const {
   b.targets.assign(buf_.begin() + 1, buf_.end());
 }
 
+void BatchLoader::seek(uint64_t epoch, uint64_t position) {
+  if (position >= windows_)
+    throw Error("the loader's position " + std::to_string(position) + " is past the " +
+                std::to_string(windows_) + " windows of an epoch");
+  epoch_ = epoch, pos_ = position;
+}
+
 void BatchLoader::next(Batch& b) {
   load(window_at(epoch_, pos_), b);
   if (++pos_ == windows_) pos_ = 0, ++epoch_;

@@ -40,6 +40,7 @@ class BatchLoader {
   void next(Batch& b);                           // the next window, then advance
   uint64_t epoch() const { return epoch_; }
   uint64_t position() const { return pos_; }  // windows taken in this epoch
+  void seek(uint64_t epoch, uint64_t position);  // continue there (a resumed run); Error if past
   // The window taken at (epoch, position): what next() would load there.
   uint64_t window_at(uint64_t epoch, uint64_t position);
   void load(uint64_t window, Batch& b) const;

@@ -4,7 +4,10 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+
 #include "core/common.h"
+#include "io/file.h"
 
 namespace tq::train {
 
@@ -18,9 +21,22 @@ std::string step_line(const StepMetrics& m) {
   return b;
 }
 
-MetricsLog::MetricsLog(const std::string& path) : path_(path) {
+MetricsLog::MetricsLog(const std::string& path, int64_t resume_after) : path_(path) {
   if (path.empty()) return;
-  f_ = std::fopen(path.c_str(), "w");
+  if (resume_after > 0) {  // keep the records up to the resumed step, then append
+    std::string kept;
+    std::ifstream in(path);
+    for (std::string l; std::getline(in, l);) {
+      const nlohmann::json j = nlohmann::json::parse(l, nullptr, false);
+      if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+          j["step"].get<int64_t>() <= resume_after)
+        kept += l + "\n";
+    }
+    AtomicFile out(path);
+    out.write(kept.data(), kept.size());
+    out.commit();
+  }
+  f_ = std::fopen(path.c_str(), resume_after > 0 ? "a" : "w");
   if (!f_) throw Error("--metrics " + path + ": cannot write (" + std::strerror(errno) + ")");
 }
 

@@ -20,7 +20,10 @@ std::string step_line(const StepMetrics& m);
 // Appends one JSON object a line, flushed as written (a run stopped mid-way keeps its lines).
 class MetricsLog {
  public:
-  explicit MetricsLog(const std::string& path);  // "" writes nothing; Error if it cannot open
+  // "" writes nothing; Error if it cannot open. resume_after > 0: a resumed run's, which keeps
+  // the file's records of steps up to that one (a run killed after its last checkpoint wrote
+  // more) and appends.
+  explicit MetricsLog(const std::string& path, int64_t resume_after = 0);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;

@@ -1,10 +1,16 @@
 #include "train/trainer.h"
 
+#include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "cpu/runtime.h"
@@ -14,6 +20,7 @@
 #include "model/config.h"
 #include "model/init.h"
 #include "model/qwen3.h"
+#include "train/checkpoint.h"
 #include "train/metrics.h"
 
 namespace tq::train {
@@ -24,6 +31,59 @@ size_t optimizer_bytes(const RunConfig& rc, size_t params) {
 }
 
 namespace {
+
+// SIGINT and SIGTERM, while a run trains: noted, so that the run saves at the end of the step
+// and stops; the handler then goes back to the default, so that a second signal ends the
+// process at once (the checkpoint being written is a temporary: the last one stays whole).
+volatile std::sig_atomic_t g_signal = 0;
+extern "C" void note_signal(int sig) { g_signal = sig; }
+
+class StopSignals {
+ public:
+  StopSignals() {
+    g_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = note_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  int caught() const { return g_signal; }
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+// Removes all but the newest `keep` step-NNNNNNNN.pt of the folder (a FAILED one stays).
+void prune_checkpoints(const std::string& dir, int64_t keep) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (const dirent* e = readdir(d)) {
+      const std::string n = e->d_name;
+      if (n.size() < 12 || n.compare(0, 5, "step-") != 0 || n.compare(n.size() - 3, 3, ".pt") != 0)
+        continue;
+      const std::string digits = n.substr(5, n.size() - 8);
+      if (digits.size() < 8 || digits.size() > 18 ||
+          digits.find_first_not_of("0123456789") != std::string::npos)
+        continue;
+      found.emplace_back(std::stoll(digits), n);
+    }
+    closedir(d);
+  }
+  std::sort(found.begin(), found.end());
+  const std::string sep = dir.back() == '/' ? "" : "/";
+  for (size_t i = 0; i + size_t(keep) < found.size(); ++i)
+    if (std::remove((dir + sep + found[i].second).c_str()) != 0)
+      std::fprintf(stderr, "warning: could not remove %s%s%s (%s)\n", dir.c_str(), sep.c_str(),
+                   found[i].second.c_str(), std::strerror(errno));
+}
 
 // The mean loss over the val windows: fixed (window j is the B*T + 1 ids from j*B*T), as many
 // whole ones as the first val_tokens ids hold, the same at every validation.
@@ -61,6 +121,9 @@ struct Validator {
 int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& init,
         cpu::ThreadGovernor* governor) {
   const Config& c = preset(rc.preset);
+  if (output_is_folder(rc.output) && mkdir(rc.output.c_str(), 0777) != 0 && errno != EEXIST)
+    throw Error("--output " + rc.output + ": cannot create the folder (" + std::strerror(errno) +
+                ")");
   if (access((rc.data + "/meta.json").c_str(), F_OK) != 0)
     throw Error("--data " + rc.data + " is not a folder of token shards (no meta.json): make " +
                 "one with tiny-qwen3 prepare");
@@ -110,7 +173,15 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
   const ParamSink to_master = [&](size_t off, const float* x, size_t k) {
     std::copy(x, x + k, master.begin() + long(off));
   };
-  if (init) {
+  TrainState st;
+  if (!rc.resume.empty()) {
+    st = load_run(rc.resume, c, rc, meta, master.data(), m.data(), v.data());
+    loader.seek(st.epoch, st.position);
+    std::printf("resume: %s after step %lld of %lld (epoch %llu, window %llu of %llu)\n",
+                rc.resume.c_str(), (long long)st.step, (long long)rc.steps,
+                (unsigned long long)st.epoch, (unsigned long long)st.position,
+                (unsigned long long)loader.windows());
+  } else if (init) {
     load_params(*init, c, to_master);
     std::printf("init: %s (%s, %s)\n", rc.init_from.c_str(), init->kind.c_str(), c.name.c_str());
   } else {
@@ -118,11 +189,20 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
   }
   model.set_params(master.data());  // (bf16 runs: the bf16 copy the steps compute with)
 
-  MetricsLog log(rc.metrics);
+  MetricsLog log(rc.metrics, st.step);
   TrainRecord rec;
   rec.seq_len = rc.T, rec.seed = rc.seed, rec.learning_rate = rc.lr, rec.init_from = rc.init_from;
+  rec.steps = st.step, rec.losses = st.losses;
+  // A checkpoint of the state after st.step steps (the record's final_loss: the fixed batch's,
+  // what `check` recomputes; its forward leaves nothing the next step reads).
+  const auto save = [&](const std::string& path) {
+    rec.initial_loss = rec.losses.empty() ? NAN : rec.losses.front();
+    rec.final_loss = model.forward(fixed_batch(rc.B, rc.T, c.V));
+    save_run(path, c, rc, meta, {master.data(), m.data(), v.data()}, st, rec);
+    if (output_is_folder(rc.output) && rc.keep > 0) prune_checkpoints(rc.output, rc.keep);
+  };
   std::string failure;
-  uint64_t tokens = 0;
+  uint64_t tokens = st.tokens;
   const uint64_t per_step = uint64_t(rc.B * rc.T * rc.grad_accum);
   Batch batch;
   // On a terminal, a progress line with the time left (stderr, redrawn in place; cleared
@@ -132,8 +212,10 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
     if (tty) std::fputs("\r\033[K", stderr);
   };
   double ms_sum = 0;
+  const int64_t first = st.step;
+  const StopSignals signals;
   if (governor) governor->begin();
-  for (int64_t s = 0; s < rc.steps; ++s) {
+  for (int64_t s = first; s < rc.steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = rc.lr * sched.factor(s);
     double loss = 0;
@@ -176,7 +258,7 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
     }
     ms_sum += ms;
     if (tty && s + 1 < rc.steps) {
-      const double left = ms_sum / double(s + 1) * double(rc.steps - s - 1) / 1e3;
+      const double left = ms_sum / double(s + 1 - first) * double(rc.steps - s - 1) / 1e3;
       std::fprintf(stderr, "\r\033[Kstep %lld/%lld (%.0f%%), about %.0f min %02.0f s left",
                    (long long)(s + 1), (long long)rc.steps,
                    100.0 * double(s + 1) / double(rc.steps), std::floor(left / 60),
@@ -192,16 +274,41 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
       log.validation(s + 1, tokens, vl, vt);
     }
     if (governor) governor->after_step();
+    st.step = s + 1, st.epoch = loader.epoch(), st.position = loader.position();
+    st.tokens = tokens;
+    const int sig = signals.caught();
+    const bool stop = sig != 0 || s + 1 == rc.stop_after;
+    if (s + 1 == rc.steps) break;
+    if (stop || (rc.save_every > 0 && (s + 1) % rc.save_every == 0)) {
+      clear_progress();
+      const std::string path = checkpoint_path(rc.output, s + 1);
+      save(path);
+      if (!stop) continue;
+      std::printf("stopped after step %lld of %lld (%s): checkpoint %s; continue with: "
+                  "tiny-qwen3 train --resume %s\n",
+                  (long long)(s + 1), (long long)rc.steps,
+                  sig ? strsignal(sig) : "--stop-after", path.c_str(), path.c_str());
+      std::fflush(stdout);
+      return sig ? 128 + sig : kStoppedEarly;
+    }
   }
   clear_progress();
-  rec.initial_loss = rec.losses.empty() ? NAN : rec.losses.front();
-  // what `check` compares: the saved weights' loss on the fixed batch at this T
-  rec.final_loss = model.forward(fixed_batch(rc.B, rc.T, c.V));
   if (failure.empty() && !rec.losses.empty())
     std::printf("final train loss: %.6f\n", rec.losses.back());
-  return finish_run(governor, rc.output, failure, [&](const std::string& path) {
-    save_checkpoint(path, c, arena_reader(master.data()), rc.dtype, rec);
-  });
+  return finish_run(governor, checkpoint_path(rc.output, st.step), failure, save);
+}
+
+bool output_is_folder(const std::string& output) {
+  struct stat sb;
+  return (!output.empty() && output.back() == '/') ||
+         (stat(output.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode));
+}
+
+std::string checkpoint_path(const std::string& output, int64_t step) {
+  if (!output_is_folder(output)) return output;
+  char name[48];
+  std::snprintf(name, sizeof name, "step-%08lld.pt", (long long)step);
+  return output + (output.back() == '/' ? "" : "/") + name;
 }
 
 int finish_run(const cpu::ThreadGovernor* governor, const std::string& output,

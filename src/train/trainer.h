@@ -45,7 +45,17 @@ struct RunConfig {
   int64_t val_every = 0, val_tokens = 0;
   int64_t log_every = 1;
   std::string metrics;  // a JSONL file, or ""
+  // checkpoints: every save_every steps (0: at the end only) to `output`, a file (overwritten)
+  // or a folder (step-NNNNNNNN.pt, the newest `keep` kept; 0: all)
+  int64_t save_every = 0, keep = 0;
+  int64_t stop_after = 0;  // stop after this step, resumable (0: run to the end)
+  std::string resume;      // the checkpoint this run continues, or ""
 };
+
+// `output` names a folder (it ends in '/' or is one): checkpoints go in it by step.
+bool output_is_folder(const std::string& output);
+// Where the checkpoint after `step` steps goes.
+std::string checkpoint_path(const std::string& output, int64_t step);
 
 // The bytes the optimizer holds besides the model's arenas: fp32 master weights, the
 // accumulated gradient, a micro-batch's gradient, and AdamW's two moments.
@@ -57,7 +67,12 @@ size_t optimizer_bytes(const RunConfig& rc, size_t params);
 int finish_run(const cpu::ThreadGovernor* governor, const std::string& output,
                const std::string& failure, const std::function<void(const std::string&)>& save);
 
-// Runs it; prints as it goes; returns the exit code (0, or 1 for `training: FAILED`).
+// The exit code of a run stopped by --stop-after (a signal's is 128 + its number): it saved
+// a checkpoint to resume from.
+constexpr int kStoppedEarly = 3;
+
+// Runs it (or continues rc.resume's run); prints as it goes; returns the exit code: 0, 1 for
+// `training: FAILED`, kStoppedEarly or 128 + a signal's number when stopped early.
 int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& init,
         cpu::ThreadGovernor* governor);
 
