@@ -311,6 +311,8 @@ expect_error "train: --optimizer adamw without --data" train --optimizer adamw $
 expect_error "train: unknown optimizer" train --data "$dir/shards" --optimizer lion $out
 expect_error "train: unknown decay type" train --data "$dir/shards" --decay-type step $out
 expect_error "train: unknown data order" train --data "$dir/shards" --data-order random $out
+expect_error "train: unknown attention" train --data "$dir/shards" --attention full $out
+expect_error "train: --attention block-causal without --data" train --attention block-causal $out
 expect_error "train: --val-every without --val-tokens" train --data "$dir/shards" --val-every 5 $out
 expect_error "train: zero grad-accum" train --data "$dir/shards" --grad-accum 0 $out
 expect_error "train: beta1 of 1" train --data "$dir/shards" --beta1 1 $out
@@ -353,6 +355,26 @@ if command -v script >/dev/null; then
   if [ -s "$dir/err" ]; then echo "FAIL: progress written without a terminal"; fails=$((fails + 1)); fi
   rm -f "$dir"/tty.pt
 fi
+# --resume: a run's configuration may not change, except --steps (more), logging and saving;
+# files that are not a text run's checkpoint, or of other shards, are refused
+mkdir -p "$dir/ck"
+"$bin" train --data "$dir/shards2" --seq-len 4 --steps 3 --stop-after 1 --output "$dir/ck/run.pt" >/dev/null 2>&1
+"$bin" train --seq-len 4 --steps 1 --output "$dir/ck/walk.pt" >/dev/null 2>&1
+"$bin" tokenizer-train --vocab-size 280 --input "$dir/text.txt" --out "$dir/tok2.json" >/dev/null
+"$bin" prepare --tokenizer "$dir/tok2.json" --input "$dir/text.txt" "$dir/text.txt" --val-fraction 0.5 --out "$dir/other" >/dev/null
+head -c 200000 "$dir/ck/run.pt" >"$dir/ck/truncated.pt"
+expect_error "train: --resume of a walkthrough's checkpoint" train --resume "$dir/ck/walk.pt"
+expect_error "train: --resume of a missing file" train --resume "$dir/ck/none.pt"
+expect_error "train: --resume of a truncated checkpoint" train --resume "$dir/ck/truncated.pt"
+expect_error "train: --resume with another batch size" train --resume "$dir/ck/run.pt" --batch-size 2
+expect_error "train: --resume with another preset" train --resume "$dir/ck/run.pt" --preset 0.6B
+expect_error "train: --resume with another optimizer" train --resume "$dir/ck/run.pt" --optimizer sgd
+expect_error "train: --resume with fewer steps" train --resume "$dir/ck/run.pt" --steps 2
+expect_error "train: --resume on shards of another tokenizer" train --resume "$dir/ck/run.pt" --data "$dir/other"
+expect_error "train: --keep with a file --output" train --data "$dir/shards2" --keep 2 $out
+expect_error "train: --stop-after at the last step" train --data "$dir/shards2" --steps 3 --stop-after 3 $out
+expect_error "train: --save-every without --data" train --save-every 2 $out
+expect_error "train: negative --save-every" train --data "$dir/shards2" --save-every -1 $out
 if command -v taskset >/dev/null; then
   expect_threads "default threads" 1 "" --
   expect_threads "--threads 2" 2 "--threads 2 is more than the 1 CPU(s)" -- --threads 2

@@ -6,12 +6,12 @@
 # A crash, leak, sanitizer report, hang (20 s) or an input needing over 2 GB fails the run: the
 # input is kept in build-fuzz/findings/TARGET/ and the line to reproduce it is printed.
 # usage: tools/fuzz.sh TARGET|all [SECONDS]
-#   (targets: pickle zip pt safetensors hf_folder shard tokenizer encode)
+#   (targets: pickle zip pt resume safetensors hf_folder shard tokenizer encode)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 targets=${1:-all}
 seconds=${2:-600}
-[ "$targets" = all ] && targets="pickle zip pt safetensors hf_folder shard tokenizer encode"
+[ "$targets" = all ] && targets="pickle zip pt resume safetensors hf_folder shard tokenizer encode"
 bash "$root/tools/deps.sh" --fuzz
 b=$root/build-fuzz
 cmake -S "$root/tests/fuzz" -B "$b" -DCMAKE_CXX_COMPILER=clang++-14 \
@@ -23,12 +23,12 @@ for t in $targets; do
   case $t in
     pickle) dict=$root/tests/fuzz/pickle.dict ;;
     zip) dict=$root/tests/fuzz/zip.dict ;;
-    pt) dict=$b/pt.dict ;;
+    pt | resume) dict=$b/pt.dict ;;
     safetensors | hf_folder) dict=$root/tests/fuzz/json.dict ;;
     shard) dict=$root/tests/fuzz/shard.dict ;;
     tokenizer) dict=$root/tests/fuzz/tokenizer.dict ;;
     encode) dict=$root/tests/fuzz/tokenizer.dict ;;
-    *) echo "unknown fuzz target '$t' (pickle zip pt safetensors hf_folder shard tokenizer encode)" >&2; exit 2 ;;
+    *) echo "unknown fuzz target '$t' (pickle zip pt resume safetensors hf_folder shard tokenizer encode)" >&2; exit 2 ;;
   esac
   mkdir -p "$b/corpus/$t" "$b/findings/$t"
   log=$b/findings/$t/last.log

@@ -97,3 +97,26 @@ index = {"metadata": {"total_size": 48}, "weight_map": {
     "model.norm.weight": "model-00001-of-00002.safetensors",
     "model.embed_tokens.weight": "model-00002-of-00002.safetensors"}}
 out("hf_folder", "index.json", b"\x01" + json.dumps(index, indent=2).encode())
+
+# train --resume: a text run's checkpoint as src/train/checkpoint.cpp writes it (the shards of
+# tests/fuzz/resume.cpp's meta), with tensors far smaller than debugmodel's
+run = {"preset": "debugmodel", "dtype": "bfloat16", "batch_size": 2, "seq_len": 32, "steps": 4,
+       "seed": 0, "init_from": "", "data": "shards", "data_order": "shuffled", "grad_accum": 1,
+       "optimizer": "adamw", "learning_rate": 8e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
+       "weight_decay": 0.1, "warmup_steps": 2, "decay_ratio": 0.8, "decay_type": "linear",
+       "lr_min": 0.0, "max_norm": 1.0, "val_every": 0, "val_tokens": 0, "log_every": 1,
+       "metrics": "", "output": "run.pt", "save_every": 0, "keep": 0}
+optim = {"state.norm.weight.step": torch.tensor(2.0), "state.norm.weight.exp_avg": torch.zeros(4),
+         "state.norm.weight.exp_avg_sq": torch.zeros(4), "param_groups.norm.weight.lr": 4e-4,
+         "param_groups.norm.weight.betas": (0.9, 0.95)}
+resume = {"model": collections.OrderedDict([("tok_embeddings.weight", torch.zeros(2, 4)),
+                                            ("norm.weight", torch.ones(4))]),
+          "config": {"preset": "debugmodel", "seq_len": 32, "seed": 0}, "steps": 2,
+          "learning_rate": 8e-4, "initial_loss": 7.7, "final_loss": 7.0, "losses": [7.7, 7.2],
+          "dtype": "bfloat16", "format": "tiny-qwen3/1", "optimizer": optim,
+          "lr_scheduler": {"base_lrs": [8e-4], "last_epoch": 2, "_step_count": 3},
+          "data": {"epoch": 0, "position": 2, "tokens_seen": 128, "tokenizer_sha256": "ab",
+                   "vocab_size": 300, "eos_id": 299, "train_tokens": 1000, "val_tokens": 100},
+          "rng": {"data_order": {"generator": "std::mt19937_64", "seed": 0, "epoch": 0}},
+          "run": run}
+out("resume", "adamw_run.pt", saved(resume))
