@@ -123,10 +123,24 @@ def rope_tables(config, T, device=None):
 
 
 def rope(x, cos, sin):  # x [B, T, heads, d]: dimension e pairs with e + d/2, computed in fp32
+    # cos, sin: [T, d] (positions 0..T-1), or [B, T, d] (each token's own position)
     half = x.shape[-1] // 2
     xf = x.float()
     rot = torch.cat([-xf[..., half:], xf[..., :half]], -1)
-    return (xf * cos[:, None, :] + rot * sin[:, None, :]).to(x.dtype)
+    return (xf * cos.unsqueeze(-2) + rot * sin.unsqueeze(-2)).to(x.dtype)
+
+
+def document_starts(tokens, eos_id):
+    """Block-causal attention over packed documents (TorchTitan's document mask; the C++
+    mark_documents): in each row of tokens [B, T] a document starts at the first token and after
+    every eos_id, the eos ending the document before it. Returns [B, T], where each token's
+    document starts."""
+    B, T = tokens.shape
+    pos = torch.arange(T, device=tokens.device).expand(B, T)
+    first = torch.zeros(B, T, dtype=torch.bool, device=tokens.device)
+    first[:, 0] = True
+    first[:, 1:] = tokens[:, :-1] == eos_id
+    return torch.where(first, pos, torch.zeros_like(pos)).cummax(-1).values
 
 
 def _linear(in_f, out_f, dtype):
@@ -165,7 +179,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(c.head_dim, c.norm_eps, dtype)
         self.k_norm = RMSNorm(c.head_dim, c.norm_eps, dtype)
 
-    def forward(self, x, cos, sin):  # x [B, T, D]
+    def forward(self, x, cos, sin, mask):  # x [B, T, D]; mask: True where a query sees a key
         (B, T, _), H, K, d = x.shape, self.c.n_heads, self.c.n_kv_heads, self.c.head_dim
         q = self.qkv_linear.wq(x).view(B, T, H, d)
         k = self.qkv_linear.wk(x).view(B, T, K, d)
@@ -175,8 +189,7 @@ class Attention(nn.Module):
         k = k.repeat_interleave(H // K, dim=2)  # query head h reads kv head h // (H/K)
         v = v.repeat_interleave(H // K, dim=2)
         s = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(d)
-        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        p = s.masked_fill(~causal, float("-inf")).float().softmax(-1).to(q.dtype)
+        p = s.masked_fill(~mask, float("-inf")).float().softmax(-1).to(q.dtype)
         return self.wo(torch.einsum("bhts,bshd->bthd", p, v).reshape(B, T, H * d))
 
 
@@ -200,13 +213,15 @@ class Block(nn.Module):
         self.attention_norm = RMSNorm(c.dim, c.norm_eps, dtype)
         self.ffn_norm = RMSNorm(c.dim, c.norm_eps, dtype)
 
-    def forward(self, h, cos, sin):
-        h = h + self.attention(self.attention_norm(h), cos, sin)
+    def forward(self, h, cos, sin, mask):
+        h = h + self.attention(self.attention_norm(h), cos, sin, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
 class Qwen3(nn.Module):
-    """TorchTitan's dense Qwen3: forward(tokens [T] or [B, T]) -> logits [T, V] or [B, T, V].
+    """TorchTitan's dense Qwen3: forward(tokens [T] or [B, T]) -> logits [T, V] or [B, T, V];
+    causal attention, or with eos_id block-causal (document_starts: each document sees only
+    itself, its RoPE positions from 0).
     build_model() gives a seeded, initialized model; the constructor alone leaves PyTorch's
     constructor values in the weights (it consumes the RNG as the walkthrough's model does)."""
 
@@ -239,13 +254,22 @@ class Qwen3(nn.Module):
         self.norm.weight.fill_(1.0)
         normal(self.lm_head.weight)
 
-    def forward(self, tokens):
+    def forward(self, tokens, eos_id=None):
         single = tokens.dim() == 1
         tokens = tokens[None] if single else tokens
-        cos, sin = rope_tables(self.config, tokens.shape[1], tokens.device)
+        T, device = tokens.shape[1], tokens.device
+        cos, sin = rope_tables(self.config, T, device)
+        at = torch.arange(T, device=device)
+        if eos_id is None:  # [T, T]: query i sees keys 0..i
+            mask = at[None, :] <= at[:, None]
+        else:  # [B, 1, T, T]: query i sees keys start(i)..i; position i - start(i)
+            start = document_starts(tokens, eos_id)
+            key, query = at[None, None, :], at[None, :, None]
+            mask = ((key <= query) & (key >= start[:, :, None]))[:, None]
+            cos, sin = cos[at - start], sin[at - start]
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin, mask)
         logits = self.lm_head(self.norm(h))
         return logits[0] if single else logits
 

@@ -55,6 +55,20 @@ std::vector<float> randf(size_t n, uint32_t seed, double scale = 1.0) {
 }
 constexpr double kTol = 2e-6;  // fp32, another summation order
 
+// Block-causal attention's doc_start for B rows of T made-up tokens with an eos (0) about every
+// `every` (mark_documents), and the tokens with it
+Batch documents(int64_t B, int64_t T, int64_t V, int every, uint32_t seed) {
+  std::mt19937 g(seed);
+  Batch b;
+  b.B = B, b.T = T;
+  for (int64_t i = 0; i <= B * T; ++i)
+    b.targets.push_back(g() % uint32_t(every) == 0 ? 0 : int32_t(1 + g() % uint32_t(V - 1)));
+  b.tokens.assign(b.targets.begin(), b.targets.end() - 1);
+  b.targets.erase(b.targets.begin());
+  mark_documents(b, 0);
+  return b;
+}
+
 TEST_F(Cuda, ElementwiseAndBf16RulesAreTheCpus) {
   const int64_t n = 100003;
   std::vector<float> x = randf(n, 1), y = randf(n, 2);
@@ -169,12 +183,21 @@ TEST_F(Cuda, QkvRopeSwigluCrossEntropy) {
   std::vector<float> cs, sn;
   rope_tables(cs, sn, T, D, 1e6);
   Buf<float> dc(cs), ds(sn);
-  dev().rope_forward(q.p, q.p, dc.p, ds.p, B, T, H, D);  // in place, as the model calls it
+  dev().rope_forward(q.p, q.p, dc.p, ds.p, B, T, H, D, nullptr);  // in place, as the model calls it
   std::vector<float> rr = rq;
   cpu::rope_forward(rr.data(), rr.data(), cs.data(), sn.data(), B, T, H, D);
   EXPECT_LT(test::rel_l2(q.back(), rr), kTol);
-  dev().rope_backward(q.p, q.p, dc.p, ds.p, B, T, H, D);
+  dev().rope_backward(q.p, q.p, dc.p, ds.p, B, T, H, D, nullptr);
   EXPECT_LT(test::rel_l2(q.back(), rq), 1e-6);  // a rotation and its transpose
+  // block-causal positions, each document's from 0
+  const std::vector<int32_t> docs = documents(B, T, 50, 3, 20).doc_start;
+  Buf<int32_t> ddoc(docs);
+  dev().rope_forward(q.p, q.p, dc.p, ds.p, B, T, H, D, ddoc.p);
+  rr = rq;
+  cpu::rope_forward(rr.data(), rr.data(), cs.data(), sn.data(), B, T, H, D, docs.data());
+  EXPECT_LT(test::rel_l2(q.back(), rr), kTol);
+  dev().rope_backward(q.p, q.p, dc.p, ds.p, B, T, H, D, ddoc.p);
+  EXPECT_LT(test::rel_l2(q.back(), rq), 1e-6);
 
   std::vector<float> ab = randf(N * 2 * F, 13, 3.0), g = randf(N * F, 14);
   Buf<float> dab(ab), m(static_cast<size_t>(N * F)), dg(g), dd(static_cast<size_t>(N * 2 * F));
@@ -211,42 +234,48 @@ TEST_F(Cuda, QkvRopeSwigluCrossEntropy) {
 
 struct AttnShape {
   int64_t B, T, H, KVH, D;
+  int every = 0;  // 0: causal; else block-causal, an eos about every `every` tokens (documents)
 };
 class CudaAttention : public Cuda, public ::testing::WithParamInterface<AttnShape> {};
 TEST_P(CudaAttention, MatchesTheCpu) {
-  const auto [B, T, H, KVH, D] = GetParam();
+  const auto [B, T, H, KVH, D, every] = GetParam();
   const int64_t nq = B * T * H * D, nk = B * T * KVH * D;
   std::vector<float> q = randf(nq, 16), k = randf(nk, 17), v = randf(nk, 18), g = randf(nq, 19);
+  const std::vector<int32_t> docs =
+      every ? documents(B, T, 50, every, 21).doc_start : std::vector<int32_t>(1);
+  const int32_t* doc = every ? docs.data() : nullptr;
   Buf<float> dq_(q), dk_(k), dv_(v), dg(g), out(static_cast<size_t>(nq)),
       lse(static_cast<size_t>(B * H * T)), dq(static_cast<size_t>(nq), 3.0f),
       dk(static_cast<size_t>(nk), 3.0f), dv(static_cast<size_t>(nk), 3.0f);
-  dev().attention_forward(out.p, lse.p, dq_.p, dk_.p, dv_.p, B, T, H, KVH, D);
+  Buf<int32_t> dd(docs);
+  dev().attention_forward(out.p, lse.p, dq_.p, dk_.p, dv_.p, B, T, H, KVH, D, doc ? dd.p : nullptr);
   dev().attention_backward(dq.p, dk.p, dv.p, dg.p, out.p, lse.p, dq_.p, dk_.p, dv_.p, B, T, H, KVH,
-                           D);
+                           D, doc ? dd.p : nullptr);
   std::vector<float> ro(nq), rl(cpu::attention_stats(B, T, H, KVH, D, false)), rdq(nq), rdk(nk),
       rdv(nk);
-  cpu::attention_forward(ro.data(), rl.data(), q.data(), k.data(), v.data(), B, T, H, KVH, D);
+  cpu::attention_forward(ro.data(), rl.data(), q.data(), k.data(), v.data(), B, T, H, KVH, D, doc);
   cpu::attention_backward(rdq.data(), rdk.data(), rdv.data(), g.data(), ro.data(), rl.data(),
-                          q.data(), k.data(), v.data(), B, T, H, KVH, D);
+                          q.data(), k.data(), v.data(), B, T, H, KVH, D, doc);
   EXPECT_LT(test::rel_l2(out.back(), ro), 1e-5);
   EXPECT_LT(test::rel_l2(lse.back(), std::vector<float>(rl.begin(), rl.begin() + B * H * T)), 1e-6);
   EXPECT_LT(test::rel_l2(dq.back(), rdq), 1e-5);
   EXPECT_LT(test::rel_l2(dk.back(), rdk), 1e-5);
   EXPECT_LT(test::rel_l2(dv.back(), rdv), 1e-5);
 }
-INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
-                         ::testing::Values(AttnShape{1, 1, 1, 1, 2}, AttnShape{2, 9, 4, 2, 8},
-                                           AttnShape{1, 130, 4, 4, 16},
-                                           AttnShape{2, 300, 4, 2, 128},
-                                           AttnShape{1, 70, 8, 1, 200}),
-                         [](const ::testing::TestParamInfo<AttnShape>& i) {
-                           const AttnShape& a = i.param;  // (snprintf: GCC 12's -Wrestrict
-                           char b[96];                    // misfires on string + chains)
-                           std::snprintf(b, sizeof b, "B%lld_T%lld_H%lld_KVH%lld_D%lld",
-                                         (long long)a.B, (long long)a.T, (long long)a.H,
-                                         (long long)a.KVH, (long long)a.D);
-                           return std::string(b);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaAttention,
+    ::testing::Values(AttnShape{1, 1, 1, 1, 2}, AttnShape{2, 9, 4, 2, 8},
+                      AttnShape{1, 130, 4, 4, 16}, AttnShape{2, 300, 4, 2, 128},
+                      AttnShape{1, 70, 8, 1, 200}, AttnShape{3, 300, 4, 2, 128, 40},
+                      AttnShape{4, 130, 4, 4, 16, 3}),
+    [](const ::testing::TestParamInfo<AttnShape>& i) {
+      const AttnShape& a = i.param;  // (snprintf: GCC 12's -Wrestrict
+      char b[96];                    // misfires on string + chains)
+      std::snprintf(b, sizeof b, "B%lld_T%lld_H%lld_KVH%lld_D%lld%s", (long long)a.B,
+                    (long long)a.T, (long long)a.H, (long long)a.KVH, (long long)a.D,
+                    a.every ? "_documents" : "");
+      return std::string(b);
+    });
 
 // The whole step on the GPU against the CPU: first-step loss and every gradient, then SGD.
 TEST_F(Cuda, ModelMatchesTheCpuBackend) {
@@ -280,6 +309,29 @@ TEST_F(Cuda, ModelMatchesTheCpuBackend) {
         EXPECT_NEAR(a, r, f32 ? 1e-4 : 2e-2) << "step " << s + 2 << " f32=" << f32;
       }
     }
+  }
+}
+
+// Block-causal attention (Batch::doc_start) through the whole step: loss and every gradient.
+TEST_F(Cuda, BlockCausalModelMatchesTheCpuBackend) {
+  //                 name    V    C   L  H  KVH D   F   ctx  theta tied eps
+  const Config c = {"tiny", 211, 64, 2, 4, 2, 32, 96, 256, 1e6, true, 1e-6f};
+  const ParamLayout p = make_layout(c);
+  std::vector<float> w(p.total);
+  init_params(w.data(), c, p, 5);
+  const Batch b = documents(2, 150, c.V, 12, 22);
+  Qwen3 g(c, DType::f32, 2, 150, cuda_ops()), h(c, DType::f32, 2, 150, cpu_ops());
+  g.set_params(w.data());
+  h.set_params(w.data());
+  EXPECT_NEAR(g.forward(b), h.forward(b), 1e-5);
+  g.backward(), h.backward();
+  std::vector<float> gg(p.total), gh(p.total);
+  g.get_grads(gg.data());
+  h.get_grads(gh.data());
+  for (const ParamView& v : p.params) {
+    const std::vector<float> a(gg.begin() + v.offset, gg.begin() + v.offset + v.numel),
+        r(gh.begin() + v.offset, gh.begin() + v.offset + v.numel);
+    EXPECT_LT(test::rel_l2(a, r), 1e-4) << v.name;
   }
 }
 

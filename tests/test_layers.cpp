@@ -54,6 +54,32 @@ void fd_check(const Fwd& f, std::vector<Vec> in, const Vec& G, const std::vector
 
 constexpr double kFast = 2e-5;  // fp32 fast tier vs double reference, relative L2
 
+// Block-causal attention's doc_start (Batch, model/qwen3.h) for B rows of T made-up tokens,
+// by mark_documents: an eos about every `every` tokens, and rows that test its edges: row 0 (of
+// several) one document (no eos), row 1 eos at its first and last tokens, row 2 a run of
+// consecutive eos; a single row has all three.
+std::vector<int32_t> random_docs(int B, int T, int every, uint32_t seed) {
+  constexpr int32_t eos = 0;
+  Batch b;
+  b.B = B, b.T = T;
+  std::mt19937 g(seed);
+  for (int r = 0; r < B; ++r) {
+    const int kind = B == 1 ? -1 : r % 4;
+    for (int t = 0; t < T; ++t) {
+      bool end = kind != 0 && int(g() % uint32_t(every)) == 0;
+      if (kind == 1 || kind == -1) end |= t == 0 || t == T - 1;
+      if (kind == 2 || kind == -1) end |= t >= T / 3 && t < T / 3 + 4;
+      b.tokens.push_back(end ? eos : 1);
+    }
+  }
+  mark_documents(b, eos);
+  return b.doc_start;
+}
+// The doc argument of the kernels: null for causal attention (an empty doc_start)
+const int32_t* doc_arg(const std::vector<int32_t>& d) {
+  return d.empty() ? nullptr : d.data();
+}
+
 // ------------------------------------------------------------------ RMSNorm
 class RmsNorm : public ::testing::TestWithParam<std::tuple<int, int>> {};
 TEST_P(RmsNorm, MatchesReferenceAndFiniteDifferences) {
@@ -164,29 +190,35 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Matmul,
 // ------------------------------------------------------------------ attention (+ RoPE)
 struct AttnShape {
   int B, T, H, KVH, D;
+  int every = 0;  // 0: causal; else block-causal, an eos about every `every` tokens (random_docs)
 };
 class Attention : public ::testing::TestWithParam<AttnShape> {};
 TEST_P(Attention, MatchesReferenceAndFiniteDifferences) {
-  const auto [B, T, H, KVH, D] = GetParam();
+  const auto [B, T, H, KVH, D, every] = GetParam();
   const int nq = B * T * H * D, nk = B * T * KVH * D;
+  const std::vector<int32_t> docs = every ? random_docs(B, T, every, 9) : std::vector<int32_t>();
+  const int32_t* doc = doc_arg(docs);
   Vec q = randn(nq, 1), k = randn(nk, 2), v = randn(nk, 3), G = randn(nq, 4);
   auto fwd = [&](const std::vector<Vec>& in) {
     Vec o(nq), lse(B * H * T);
     ref::attention_forward(o.data(), lse.data(), in[0].data(), in[1].data(), in[2].data(), B, T, H,
-                           KVH, D);
+                           KVH, D, doc);
     return o;
   };
   Vec o(nq), lse(B * H * T), dq(nq), dk(nk), dv(nk);
-  ref::attention_forward(o.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, KVH, D);
+  ref::attention_forward(o.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, KVH, D, doc);
   ref::attention_backward(dq.data(), dk.data(), dv.data(), G.data(), o.data(), lse.data(), q.data(),
-                          k.data(), v.data(), B, T, H, KVH, D);
+                          k.data(), v.data(), B, T, H, KVH, D, doc);
   fd_check(fwd, {q, k, v}, G, {dq, dk, dv});
-  // causality: the first output of every head only sees v at position 0
+  // the mask: the first output of every head (block-causal: of every document) only sees v there
   for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h)
-      for (int e = 0; e < D; ++e)
-        EXPECT_NEAR(o[((b * T) * H + h) * D + e], v[((b * T) * KVH + h / (H / KVH)) * D + e],
-                    1e-12);
+    for (int t = 0; t < T; ++t)
+      if (doc ? doc[b * T + t] == t : t == 0) {
+        for (int h = 0; h < H; ++h)
+          for (int e = 0; e < D; ++e)
+            EXPECT_NEAR(o[((b * T + t) * H + h) * D + e],
+                        v[((b * T + t) * KVH + h / (H / KVH)) * D + e], 1e-12);
+      }
 
   auto qf = to_f(q), kf = to_f(k), vf = to_f(v), Gf = to_f(G);
   const auto lse_of = [&](const std::vector<float>& stats) {  // its first B H T floats
@@ -194,9 +226,10 @@ TEST_P(Attention, MatchesReferenceAndFiniteDifferences) {
   };
   std::vector<float> of(nq), lsef(cpu::attention_stats(B, T, H, KVH, D, false)), dqf(nq, 3.0f),
       dkf(nk, 3.0f), dvf(nk, 3.0f);
-  cpu::attention_forward(of.data(), lsef.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH, D);
+  cpu::attention_forward(of.data(), lsef.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH, D,
+                         doc);
   cpu::attention_backward(dqf.data(), dkf.data(), dvf.data(), Gf.data(), of.data(), lsef.data(),
-                          qf.data(), kf.data(), vf.data(), B, T, H, KVH, D);
+                          qf.data(), kf.data(), vf.data(), B, T, H, KVH, D, doc);
   EXPECT_LT(rel_l2(of, o), kFast);
   EXPECT_LT(rel_l2(lse_of(lsef), lse), kFast);
   EXPECT_LT(rel_l2(dqf, dq), kFast);
@@ -208,16 +241,18 @@ TEST_P(Attention, MatchesReferenceAndFiniteDifferences) {
   if (!cpu::own_kernels()) return;
   for (auto* x : {&qf, &kf, &vf, &Gf}) cpu::round_bf16_inplace(x->data(), int64_t(x->size()));
   const Vec qr = to_d(qf), kr = to_d(kf), vr = to_d(vf), Gr = to_d(Gf);
-  ref::attention_forward(o.data(), lse.data(), qr.data(), kr.data(), vr.data(), B, T, H, KVH, D);
+  ref::attention_forward(o.data(), lse.data(), qr.data(), kr.data(), vr.data(), B, T, H, KVH, D,
+                         doc);
   ref::attention_backward(dq.data(), dk.data(), dv.data(), Gr.data(), o.data(), lse.data(),
-                          qr.data(), kr.data(), vr.data(), B, T, H, KVH, D);
+                          qr.data(), kr.data(), vr.data(), B, T, H, KVH, D, doc);
   std::fill(dqf.begin(), dqf.end(), 3.0f), std::fill(dkf.begin(), dkf.end(), 3.0f),
       std::fill(dvf.begin(), dvf.end(), 3.0f);
   lsef.assign(size_t(cpu::attention_stats(B, T, H, KVH, D, true)), 0.0f);
   cpu::attention_forward_bf16(of.data(), lsef.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH,
-                              D);
+                              D, false, doc);
   cpu::attention_backward_bf16(dqf.data(), dkf.data(), dvf.data(), Gf.data(), of.data(),
-                               lsef.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH, D);
+                               lsef.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH, D, false,
+                               doc);
   constexpr double kBf16 = 1e-2;  // bf16 rounding of P and dS: 2^-9 relative each
   EXPECT_LT(rel_l2(of, o), kBf16);
   EXPECT_LT(rel_l2(lse_of(lsef), lse), kFast);  // scores are exact products of bf16 values
@@ -225,18 +260,23 @@ TEST_P(Attention, MatchesReferenceAndFiniteDifferences) {
   EXPECT_LT(rel_l2(dkf, dk), kBf16);
   EXPECT_LT(rel_l2(dvf, dv), kBf16);
 }
+// (the last ones block-causal: documents of about 1, 3, 4 and 20 tokens)
 INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
                          ::testing::Values(AttnShape{1, 1, 1, 1, 2}, AttnShape{2, 5, 4, 2, 8},
                                            AttnShape{3, 7, 6, 3, 4}, AttnShape{2, 9, 4, 4, 6},
                                            AttnShape{1, 6, 8, 1, 2}, AttnShape{1, 33, 4, 2, 16},
-                                           AttnShape{2, 70, 2, 1, 4}, AttnShape{1, 130, 4, 2, 8}));
+                                           AttnShape{2, 70, 2, 1, 4}, AttnShape{1, 130, 4, 2, 8},
+                                           AttnShape{1, 1, 1, 1, 2, 1}, AttnShape{4, 9, 4, 2, 6, 3},
+                                           AttnShape{3, 33, 4, 2, 16, 4},
+                                           AttnShape{4, 130, 2, 1, 8, 20}));
 
 // The probabilities a forward of the kernels saved in stats (AttnProbs), each checked against
 // exp(q k / sqrt(D) - lse) of the reference (to tol), 0 where masked; returned in the layout's
-// order, as fp32.
+// order, as fp32. Block-causal (doc), the rows from each block's first query's first key.
 std::vector<float> saved_probs(const float* stats, bool bf, const AttnShape& sh, const Vec& q,
-                               const Vec& k, const Vec& lse, double tol, const std::string& what) {
-  const auto [B, T, H, KVH, D] = sh;
+                               const Vec& k, const Vec& lse, double tol, const std::string& what,
+                               const int32_t* doc) {
+  const auto [B, T, H, KVH, D, every] = sh;
   const cpu::AttnProbs pr(T);
   const void* P = cpu::AttnProbs::probs(stats, B, T, H);
   std::vector<float> all;
@@ -245,7 +285,7 @@ std::vector<float> saved_probs(const float* stats, bool bf, const AttnShape& sh,
     for (int h = 0; h < H; ++h)
       for (int q0 = 0; q0 < T; q0 += int(cpu::kAttnQB)) {
         const int nq = std::min(int(cpu::kAttnQB), T - q0);
-        for (int j = 0; j < q0 + nq; ++j)
+        for (int j = doc ? doc[b * T + q0] : 0; j < q0 + nq; ++j)
           for (int c = int(cpu::AttnProbs::first(j, q0)); c < nq; ++c) {
             const int64_t at = (int64_t(b) * H + h) * pr.per_head() + pr.row(q0, j) -
                                cpu::AttnProbs::first(j, q0) + c;
@@ -254,7 +294,7 @@ std::vector<float> saved_probs(const float* stats, bool bf, const AttnShape& sh,
                    : static_cast<const float*>(P)[at];
             const int i = q0 + c;
             double want = 0.0;
-            if (j <= i) {
+            if (j <= i && (!doc || doc[b * T + i] <= j)) {
               double s = 0.0;
               for (int d = 0; d < D; ++d)
                 s += q[((int64_t(b) * T + i) * H + h) * D + d] *
@@ -271,20 +311,24 @@ std::vector<float> saved_probs(const float* stats, bool bf, const AttnShape& sh,
 }
 
 // Attention on every kernel set this CPU can run (cpu/attention_driver.h), at shapes with
-// several query blocks, head dims that are no multiple of a tile and the model's own: against
-// the reference (fp32; the bf16 kind on bf16 inputs, and bit for bit the same with every
-// activation in bf16 storage), the probabilities it saves for the backward too, and bit for
-// bit at 1, 2 and 3 threads (threads claim tasks one ahead: some shapes have fewer tasks than
-// threads).
+// several query blocks, head dims that are no multiple of a tile and the model's own, causal and
+// block-causal (documents shorter and longer than a tile): against the reference (fp32; the
+// bf16 kind on bf16 inputs, and bit for bit the same with every activation in bf16 storage),
+// the probabilities it saves for the backward too, and bit for bit at 1, 2 and 3 threads
+// (threads claim tasks one ahead: some shapes have fewer tasks than threads).
 TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
   // P saved where it is no larger than q, k, v and out (about T <= 4 (H + KVH) D / H): the
   // first and last shapes save it, the other two recompute it (T = 97: 106 but for the
   // padding of its short block; T = 300 > 264)
   EXPECT_TRUE(cpu::AttnProbs(200).saves(4, 2, 128) && cpu::AttnProbs(16).saves(2, 1, 7));
   EXPECT_FALSE(cpu::AttnProbs(97).saves(3, 1, 20) || cpu::AttnProbs(300).saves(2, 2, 33));
-  for (const AttnShape sh : {AttnShape{1, 200, 4, 2, 128}, AttnShape{2, 97, 3, 1, 20},
-                             AttnShape{1, 300, 2, 2, 33}, AttnShape{3, 16, 2, 1, 7}}) {
-    const auto [B, T, H, KVH, D] = sh;
+  for (const AttnShape sh :
+       {AttnShape{1, 200, 4, 2, 128}, AttnShape{2, 97, 3, 1, 20}, AttnShape{1, 300, 2, 2, 33},
+        AttnShape{3, 16, 2, 1, 7}, AttnShape{3, 200, 4, 2, 128, 23}, AttnShape{4, 97, 3, 1, 20, 9},
+        AttnShape{3, 300, 2, 2, 33, 50}, AttnShape{4, 16, 2, 1, 7, 3}}) {
+    const auto [B, T, H, KVH, D, every] = sh;
+    const std::vector<int32_t> docs = every ? random_docs(B, T, every, 11) : std::vector<int32_t>();
+    const int32_t* doc = doc_arg(docs);
     const int nq = B * T * H * D, nk = B * T * KVH * D;
     for (const cpu::Isa isa : {cpu::Isa::avx2, cpu::Isa::avx512}) {
       const cpu::GemmSet* set = cpu::gemm_set(isa);
@@ -297,10 +341,10 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
             cpu::round_bf16_inplace(x->data(), int64_t(x->size()));
         Vec o(nq), lse(B * H * T), dq(nq), dk(nk), dv(nk);
         ref::attention_forward(o.data(), lse.data(), to_d(qf).data(), to_d(kf).data(),
-                               to_d(vf).data(), B, T, H, KVH, D);
+                               to_d(vf).data(), B, T, H, KVH, D, doc);
         ref::attention_backward(dq.data(), dk.data(), dv.data(), to_d(Gf).data(), o.data(),
                                 lse.data(), to_d(qf).data(), to_d(kf).data(), to_d(vf).data(), B, T,
-                                H, KVH, D);
+                                H, KVH, D, doc);
         std::vector<float> out[3], grads[3];
         for (const int threads : {3, 2, 1}) {
           omp_set_num_threads(threads);
@@ -308,17 +352,18 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
           std::vector<float> of(nq), stats(cpu::AttnProbs::stats_floats(B, T, H, KVH, D, bf)),
               dqf(nq, 3.0f), dkf(nk, 3.0f), dvf(nk, 3.0f);
           set->attn_fwd[bf](of.data(), stats.data(), qf.data(), kf.data(), vf.data(), B, T, H, KVH,
-                            D, nullptr);
+                            D, doc, nullptr);
           const std::string what = std::string(set->name) + (bf ? " bf16" : " f32") +
-                                   " T=" + std::to_string(T) + " D=" + std::to_string(D);
+                                   " T=" + std::to_string(T) + " D=" + std::to_string(D) +
+                                   (doc ? " block-causal" : "");
           const std::vector<float> lsef(stats.begin(), stats.begin() + B * H * T),
               probs = saves ? saved_probs(stats.data(), bf, sh, to_d(qf), to_d(kf), lse,
-                                          bf ? 1.0 / 256 : 1e-5, what)
+                                          bf ? 1.0 / 256 : 1e-5, what, doc)
                             : std::vector<float>();
           // where P is saved the backward reads only it: garbage in the lse would show
           if (saves) std::fill(stats.begin(), stats.begin() + B * H * T, NAN);
           set->attn_bwd[bf](dqf.data(), dkf.data(), dvf.data(), Gf.data(), of.data(), stats.data(),
-                            qf.data(), kf.data(), vf.data(), B, T, H, KVH, D, nullptr);
+                            qf.data(), kf.data(), vf.data(), B, T, H, KVH, D, doc, nullptr);
           const double tol = bf ? 1e-2 : kFast;
           EXPECT_LT(rel_l2(of, o), tol) << what;
           EXPECT_LT(rel_l2(lsef, lse), kFast) << what;
@@ -342,17 +387,18 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
             std::vector<uint16_t> q16 = to16(qf), k16 = to16(kf), v16 = to16(vf), G16 = to16(Gf),
                                   o16(nq, 1), dq16(nq, 1), dk16(nk, 1), dv16(nk, 1);
             std::vector<float> st16(stats.size());
-            set->attn_fwd[2](f(o16), st16.data(), f(q16), f(k16), f(v16), B, T, H, KVH, D, nullptr);
+            set->attn_fwd[2](f(o16), st16.data(), f(q16), f(k16), f(v16), B, T, H, KVH, D, doc,
+                             nullptr);
             EXPECT_TRUE(std::equal(lsef.begin(), lsef.end(), st16.begin()))
                 << what << " in bf16 storage";
             if (saves) {
               EXPECT_EQ(
-                  saved_probs(st16.data(), true, sh, to_d(qf), to_d(kf), lse, 1.0 / 256, what),
+                  saved_probs(st16.data(), true, sh, to_d(qf), to_d(kf), lse, 1.0 / 256, what, doc),
                   probs)
                   << what << " in bf16 storage";
             }
             set->attn_bwd[2](f(dq16), f(dk16), f(dv16), f(G16), f(o16), st16.data(), f(q16), f(k16),
-                             f(v16), B, T, H, KVH, D, nullptr);
+                             f(v16), B, T, H, KVH, D, doc, nullptr);
             EXPECT_EQ(o16, to16(of)) << what << " in bf16 storage";
             EXPECT_EQ(dq16, to16(dqf)) << what << " in bf16 storage";
             EXPECT_EQ(dk16, to16(dkf)) << what << " in bf16 storage";
@@ -368,40 +414,54 @@ TEST(AttentionKernels, MatchReferenceOnEverySetAndAnyThreadCount) {
         omp_set_num_threads(cpu::threads());
         EXPECT_TRUE(out[0] == out[1] && grads[0] == grads[1] && out[0] == out[2] &&
                     grads[0] == grads[2])
-            << set->name << ": differs between 1, 2 and 3 threads";
+            << set->name << (doc ? " block-causal" : "") << ": differs between 1, 2 and 3 threads";
       }
     }
   }
 }
 
-class Rope : public ::testing::TestWithParam<std::tuple<int, int, int, int>> {};
+// (the fifth: 0, positions 0..T-1; else block-causal positions, each document's from 0, for
+// documents of about that many tokens: random_docs)
+class Rope : public ::testing::TestWithParam<std::tuple<int, int, int, int, int>> {};
 TEST_P(Rope, MatchesReferenceAndFiniteDifferences) {
-  const auto [B, T, NH, D] = GetParam();
+  const auto [B, T, NH, D, every] = GetParam();
   const int n = B * T * NH * D;
+  const std::vector<int32_t> docs = every ? random_docs(B, T, every, 3) : std::vector<int32_t>();
+  const int32_t* doc = doc_arg(docs);
   std::vector<float> cs, sn;
   rope_tables(cs, sn, T, D, 1e6);
   Vec x = randn(n, 1), G = randn(n, 2);
   auto fwd = [&](const std::vector<Vec>& in) {
     Vec y(n);
-    ref::rope_forward(y.data(), in[0].data(), cs.data(), sn.data(), B, T, NH, D);
+    ref::rope_forward(y.data(), in[0].data(), cs.data(), sn.data(), B, T, NH, D, doc);
     return y;
   };
   Vec y(n), dx(n);
-  ref::rope_forward(y.data(), x.data(), cs.data(), sn.data(), B, T, NH, D);
-  ref::rope_backward(dx.data(), G.data(), cs.data(), sn.data(), B, T, NH, D);
+  ref::rope_forward(y.data(), x.data(), cs.data(), sn.data(), B, T, NH, D, doc);
+  ref::rope_backward(dx.data(), G.data(), cs.data(), sn.data(), B, T, NH, D, doc);
   fd_check(fwd, {x}, G, {dx});
+  // token t of row b rotated by the angles of its position: t, or t - its document's start
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      const int p = doc ? t - doc[b * T + t] : t, base = (b * T + t) * NH * D, D2 = D / 2;
+      for (int e = 0; e < D2; ++e)
+        EXPECT_NEAR(y[base + e], x[base + e] * cs[p * D2 + e] - x[base + e + D2] * sn[p * D2 + e],
+                    1e-12);
+    }
   auto xf = to_f(x), Gf = to_f(G);
   std::vector<float> yf(n), dxf(n);
-  cpu::rope_forward(yf.data(), xf.data(), cs.data(), sn.data(), B, T, NH, D);
-  cpu::rope_backward(dxf.data(), Gf.data(), cs.data(), sn.data(), B, T, NH, D);
+  cpu::rope_forward(yf.data(), xf.data(), cs.data(), sn.data(), B, T, NH, D, doc);
+  cpu::rope_backward(dxf.data(), Gf.data(), cs.data(), sn.data(), B, T, NH, D, doc);
   EXPECT_LT(rel_l2(yf, y), kFast);
   EXPECT_LT(rel_l2(dxf, dx), kFast);
-  cpu::rope_forward(xf.data(), xf.data(), cs.data(), sn.data(), B, T, NH, D);  // in place
+  cpu::rope_forward(xf.data(), xf.data(), cs.data(), sn.data(), B, T, NH, D, doc);  // in place
   EXPECT_EQ(xf, yf);
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, Rope,
-                         ::testing::Values(std::tuple{1, 1, 1, 2}, std::tuple{2, 5, 3, 8},
-                                           std::tuple{1, 32, 4, 128}, std::tuple{3, 3, 2, 6}));
+                         ::testing::Values(std::tuple{1, 1, 1, 2, 0}, std::tuple{2, 5, 3, 8, 0},
+                                           std::tuple{1, 32, 4, 128, 0}, std::tuple{3, 3, 2, 6, 0},
+                                           std::tuple{4, 9, 3, 8, 3},
+                                           std::tuple{1, 32, 4, 128, 6}));
 
 TEST(RopeTables, MatchTorchInvFreqAndPositions) {
   std::vector<float> cs, sn;
@@ -602,10 +662,12 @@ TEST(QkvSplit, FollowsTheFusedRowLayoutAndRoundTrips) {
 // The fused QK-norm + RoPE pass is the split, the two norms and the two rotations (and, for
 // bf16 runs, the rounding after each): the same bits, the norm weights' gradients to their
 // sums' order.
-class QkNormRope : public ::testing::TestWithParam<std::tuple<int, int, int, int, int>> {};
+class QkNormRope : public ::testing::TestWithParam<std::tuple<int, int, int, int, int, int>> {};
 TEST_P(QkNormRope, EqualsTheSplitNormsAndRotations) {
-  const auto [B, T, H, KVH, D] = GetParam();
+  const auto [B, T, H, KVH, D, every] = GetParam();  // (every as in Rope)
   const int64_t N = B * T, HD = N * H * D, KD = N * KVH * D, R = (H + 2 * KVH) * D;
+  const std::vector<int32_t> docs = every ? random_docs(B, T, every, 4) : std::vector<int32_t>();
+  const int32_t* doc = doc_arg(docs);
   std::vector<float> cs, sn;
   rope_tables(cs, sn, T, D, 1e4);
   const std::vector<float> qkv = to_f(randn(N * R, 1)), w = to_f(randn(2 * D, 2, 0.3)),
@@ -624,12 +686,12 @@ TEST_P(QkNormRope, EqualsTheSplitNormsAndRotations) {
     cpu::rmsnorm_forward(q.data(), qrs.data(), qr.data(), qw, N * H, D, 1e-6);
     cpu::rmsnorm_forward(k.data(), krs.data(), kr.data(), kw, N * KVH, D, 1e-6);
     rb(q), rb(k);
-    cpu::rope_forward(q.data(), q.data(), cs.data(), sn.data(), B, T, H, D);
-    cpu::rope_forward(k.data(), k.data(), cs.data(), sn.data(), B, T, KVH, D);
+    cpu::rope_forward(q.data(), q.data(), cs.data(), sn.data(), B, T, H, D, doc);
+    cpu::rope_forward(k.data(), k.data(), cs.data(), sn.data(), B, T, KVH, D, doc);
     rb(q), rb(k);
     std::vector<float> gq = dq, gk = dk, dqr(HD), dkr(KD), dqkv(N * R), dw(2 * D, 0.5f);
-    cpu::rope_backward(gq.data(), gq.data(), cs.data(), sn.data(), B, T, H, D);
-    cpu::rope_backward(gk.data(), gk.data(), cs.data(), sn.data(), B, T, KVH, D);
+    cpu::rope_backward(gq.data(), gq.data(), cs.data(), sn.data(), B, T, H, D, doc);
+    cpu::rope_backward(gk.data(), gk.data(), cs.data(), sn.data(), B, T, KVH, D, doc);
     rb(gq), rb(gk);
     cpu::rmsnorm_backward(dqr.data(), dw.data(), gq.data(), qr.data(), qrs.data(), qw, N * H, D);
     cpu::rmsnorm_backward(dkr.data(), dw.data() + D, gk.data(), kr.data(), krs.data(), kw, N * KVH,
@@ -640,10 +702,10 @@ TEST_P(QkNormRope, EqualsTheSplitNormsAndRotations) {
     std::vector<float> fq(HD), fk(KD), fv(KD), fqrs(N * H), fkrs(N * KVH), fdqkv(N * R, 7.0f),
         fdw(2 * D, 0.5f);
     cpu::qk_norm_rope_forward(fq.data(), fk.data(), fv.data(), fqrs.data(), fkrs.data(), qkv.data(),
-                              qw, kw, cs.data(), sn.data(), B, T, H, KVH, D, 1e-6, rnd);
+                              qw, kw, cs.data(), sn.data(), B, T, H, KVH, D, 1e-6, rnd, false, doc);
     cpu::qk_norm_rope_backward(fdqkv.data(), fdw.data(), fdw.data() + D, dq.data(), dk.data(),
                                dvi.data(), qkv.data(), fqrs.data(), fkrs.data(), qw, kw, cs.data(),
-                               sn.data(), B, T, H, KVH, D, rnd);
+                               sn.data(), B, T, H, KVH, D, rnd, false, doc);
     const std::string what = rnd ? "rounded" : "fp32";
     EXPECT_EQ(fq, q) << what;
     EXPECT_EQ(fk, k) << what;
@@ -661,10 +723,10 @@ TEST_P(QkNormRope, EqualsTheSplitNormsAndRotations) {
     rb(qkvr), rb(dqr2), rb(dkr2);
     cpu::qk_norm_rope_forward(q2.data(), k2.data(), v2.data(), qrs2.data(), krs2.data(),
                               qkvr.data(), qw, kw, cs.data(), sn.data(), B, T, H, KVH, D, 1e-6,
-                              true);
+                              true, false, doc);
     cpu::qk_norm_rope_backward(dqkv2.data(), dw2.data(), dw2.data() + D, dqr2.data(), dkr2.data(),
                                dvi.data(), qkvr.data(), qrs2.data(), krs2.data(), qw, kw, cs.data(),
-                               sn.data(), B, T, H, KVH, D, true);
+                               sn.data(), B, T, H, KVH, D, true, false, doc);
     const auto to16 = [](const std::vector<float>& x) {
       std::vector<uint16_t> h(x.size());
       for (size_t i = 0; i < x.size(); ++i) h[i] = f32_to_bf16(x[i]);
@@ -674,10 +736,10 @@ TEST_P(QkNormRope, EqualsTheSplitNormsAndRotations) {
     std::vector<uint16_t> qkv16 = to16(qkvr), dq16 = to16(dqr2), dk16 = to16(dkr2),
                           dv16 = to16(dvi), q16(HD, 1), k16(KD, 1), v16(KD, 1), dqkv16(N * R, 1);
     cpu::qk_norm_rope_forward(f(q16), f(k16), f(v16), qrs3.data(), krs3.data(), f(qkv16), qw, kw,
-                              cs.data(), sn.data(), B, T, H, KVH, D, 1e-6, true, true);
+                              cs.data(), sn.data(), B, T, H, KVH, D, 1e-6, true, true, doc);
     cpu::qk_norm_rope_backward(f(dqkv16), dw3.data(), dw3.data() + D, f(dq16), f(dk16), f(dv16),
                                f(qkv16), qrs3.data(), krs3.data(), qw, kw, cs.data(), sn.data(), B,
-                               T, H, KVH, D, true, true);
+                               T, H, KVH, D, true, true, doc);
     EXPECT_EQ(q16, to16(q2));
     EXPECT_EQ(k16, to16(k2));
     EXPECT_EQ(v16, to16(v2));
@@ -687,19 +749,23 @@ TEST_P(QkNormRope, EqualsTheSplitNormsAndRotations) {
     EXPECT_EQ(dqkv16, to16(dqkv2));
   }
 }
-INSTANTIATE_TEST_SUITE_P(Shapes, QkNormRope,
-                         ::testing::Values(std::tuple{1, 1, 1, 1, 2}, std::tuple{2, 5, 4, 2, 8},
-                                           std::tuple{1, 7, 6, 3, 6}, std::tuple{3, 3, 2, 2, 10},
-                                           std::tuple{2, 40, 16, 8, 128}));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, QkNormRope,
+    ::testing::Values(std::tuple{1, 1, 1, 1, 2, 0}, std::tuple{2, 5, 4, 2, 8, 0},
+                      std::tuple{1, 7, 6, 3, 6, 0}, std::tuple{3, 3, 2, 2, 10, 0},
+                      std::tuple{2, 40, 16, 8, 128, 0}, std::tuple{4, 7, 6, 3, 6, 3},
+                      std::tuple{2, 40, 16, 8, 128, 9}));
 
 // QK-norm + RoPE inside attention (attention_qkn_*): the outputs of qk_norm_rope_* then
 // attention_*, bit for bit, in fp32, the bf16 kind and bf16 storage, for any thread count; the
 // norm weights' gradients summed in another order.
-class AttentionQkn : public ::testing::TestWithParam<std::tuple<int, int, int, int, int>> {};
+class AttentionQkn : public ::testing::TestWithParam<std::tuple<int, int, int, int, int, int>> {};
 TEST_P(AttentionQkn, EqualsQkNormRopeThenAttention) {
   if (!cpu::own_kernels()) GTEST_SKIP() << "no kernel set here (TQ_CPU=generic): no fused op";
-  const auto [B, T, H, KVH, D] = GetParam();
+  const auto [B, T, H, KVH, D, every] = GetParam();  // (every as in Rope)
   const int64_t N = B * T, HD = N * H * D, KD = N * KVH * D, R = (H + 2 * KVH) * D;
+  const std::vector<int32_t> docs = every ? random_docs(B, T, every, 6) : std::vector<int32_t>();
+  const int32_t* doc = doc_arg(docs);
   std::vector<float> cs, sn;
   rope_tables(cs, sn, T, D, 1e4);
   const std::vector<float> w = to_f(randn(2 * D, 2, 0.3));
@@ -727,30 +793,31 @@ TEST_P(AttentionQkn, EqualsQkNormRopeThenAttention) {
       std::vector<float> q(HD), k(KD), v(KD), qrs(N * H), krs(N * KVH), out(HD), st(nst + 16),
           dq(HD), dk(KD), dv(KD), dqkv(N * R), dw(2 * D, 0.5f);
       cpu::qk_norm_rope_forward(q.data(), k.data(), v.data(), qrs.data(), krs.data(), qkv.data(),
-                                qw, kw, cs.data(), sn.data(), B, T, H, KVH, D, 1e-6, bf, h16);
+                                qw, kw, cs.data(), sn.data(), B, T, H, KVH, D, 1e-6, bf, h16, doc);
       if (bf) {
         cpu::attention_forward_bf16(out.data(), al(st), q.data(), k.data(), v.data(), B, T, H, KVH,
-                                    D, h16);
+                                    D, h16, doc);
         cpu::attention_backward_bf16(dq.data(), dk.data(), dv.data(), G.data(), out.data(), al(st),
-                                     q.data(), k.data(), v.data(), B, T, H, KVH, D, h16);
+                                     q.data(), k.data(), v.data(), B, T, H, KVH, D, h16, doc);
       } else {
-        cpu::attention_forward(out.data(), al(st), q.data(), k.data(), v.data(), B, T, H, KVH, D);
+        cpu::attention_forward(out.data(), al(st), q.data(), k.data(), v.data(), B, T, H, KVH, D,
+                               doc);
         cpu::attention_backward(dq.data(), dk.data(), dv.data(), G.data(), out.data(), al(st),
-                                q.data(), k.data(), v.data(), B, T, H, KVH, D);
+                                q.data(), k.data(), v.data(), B, T, H, KVH, D, doc);
       }
       cpu::qk_norm_rope_backward(dqkv.data(), dw.data(), dw.data() + D, dq.data(), dk.data(),
                                  dv.data(), qkv.data(), qrs.data(), krs.data(), qw, kw, cs.data(),
-                                 sn.data(), B, T, H, KVH, D, bf, h16);
+                                 sn.data(), B, T, H, KVH, D, bf, h16, doc);
       std::vector<float> fdw1;
       for (const int threads : {3, 1}) {
         omp_set_num_threads(threads);
         std::vector<float> fqrs(N * H), fkrs(N * KVH), fout(HD, 7.0f), fst(nst + 16),
             fdqkv(N * R, 7.0f), fdw(2 * D, 0.5f);
         cpu::attention_qkn_forward(fout.data(), al(fst), fqrs.data(), fkrs.data(), qkv.data(), qw,
-                                   kw, cs.data(), sn.data(), B, T, H, KVH, D, 1e-6, bf, h16);
+                                   kw, cs.data(), sn.data(), B, T, H, KVH, D, 1e-6, bf, h16, doc);
         cpu::attention_qkn_backward(fdqkv.data(), fdw.data(), fdw.data() + D, G.data(), fout.data(),
                                     al(fst), qkv.data(), fqrs.data(), fkrs.data(), qw, kw,
-                                    cs.data(), sn.data(), B, T, H, KVH, D, bf, h16);
+                                    cs.data(), sn.data(), B, T, H, KVH, D, bf, h16, doc);
         const std::string at = what + ", " + std::to_string(threads) + " threads";
         EXPECT_EQ(0, std::memcmp(fout.data(), out.data(), size_t(HD * es))) << at << ": out";
         EXPECT_EQ(0, std::memcmp(al(fst), al(st), size_t(nst * 4))) << at << ": stats";
@@ -766,12 +833,13 @@ TEST_P(AttentionQkn, EqualsQkNormRopeThenAttention) {
       omp_set_num_threads(2);
     }
 }
-INSTANTIATE_TEST_SUITE_P(Shapes, AttentionQkn,
-                         ::testing::Values(std::tuple{1, 1, 1, 1, 2}, std::tuple{2, 5, 4, 2, 8},
-                                           std::tuple{1, 7, 6, 3, 6}, std::tuple{3, 3, 2, 2, 10},
-                                           std::tuple{2, 40, 16, 8, 128},
-                                           std::tuple{1, 130, 4, 2, 16},
-                                           std::tuple{1, 200, 2, 1, 128}));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionQkn,
+    ::testing::Values(std::tuple{1, 1, 1, 1, 2, 0}, std::tuple{2, 5, 4, 2, 8, 0},
+                      std::tuple{1, 7, 6, 3, 6, 0}, std::tuple{3, 3, 2, 2, 10, 0},
+                      std::tuple{2, 40, 16, 8, 128, 0}, std::tuple{1, 130, 4, 2, 16, 0},
+                      std::tuple{1, 200, 2, 1, 128, 0}, std::tuple{4, 7, 6, 3, 6, 3},
+                      std::tuple{2, 130, 4, 2, 16, 30}, std::tuple{2, 200, 2, 1, 128, 40}));
 
 TEST(MatmulBf16w, StoresOutAndDxRoundedToBf16) {
   if (!cpu::own_kernels()) GTEST_SKIP() << "no AVX2/AVX-512 kernels: the model rounds itself";

@@ -30,6 +30,20 @@ TEST(Presets, ParameterCountsMatchTheSpec) {
   EXPECT_THROW(preset("7B"), Error);
 }
 
+// A batch of made-up text for block-causal attention: ids 1..V-1 with the eos 0 about one
+// token in four, its documents marked (mark_documents).
+Batch text_batch(int64_t B, int64_t T, int64_t V, uint32_t seed = 1) {
+  std::mt19937 g(seed);
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i <= B * T; ++i) ids.push_back(g() % 4 == 0 ? 0 : int32_t(1 + g() % (V - 1)));
+  Batch b;
+  b.B = B, b.T = T;
+  b.tokens.assign(ids.begin(), ids.end() - 1);
+  b.targets.assign(ids.begin() + 1, ids.end());
+  mark_documents(b, 0);
+  return b;
+}
+
 std::vector<float> tiny_params(const Config& c) {
   const ParamLayout p = make_layout(c);
   std::vector<float> w(p.total);
@@ -67,6 +81,20 @@ TEST(Qwen3, RefusesABatchOfAnotherSize) {
   b.targets.pop_back();
   EXPECT_THROW(m.forward(b), Error);
   EXPECT_NO_THROW(m.forward(fixed_batch(2, 13, c.V)));
+  // document starts: [B*T], from 0 in each row, never past the token nor decreasing
+  for (const auto& [at, d] :
+       std::vector<std::pair<int, int32_t>>{{-1, 0}, {0, 1}, {5, 6}, {14, -1}}) {
+    b = text_batch(2, 13, c.V);
+    if (at < 0)
+      b.doc_start.pop_back();
+    else
+      b.doc_start[size_t(at)] = d;
+    EXPECT_THROW(m.forward(b), Error) << at;
+  }
+  b = text_batch(2, 13, c.V);
+  b.doc_start[7] = b.doc_start[8] = 7, b.doc_start[9] = 6;  // decreasing
+  EXPECT_THROW(m.forward(b), Error);
+  EXPECT_NO_THROW(m.forward(text_batch(2, 13, c.V)));
 }
 
 // The analytic gradient against a directional finite difference of the reference model.
@@ -271,7 +299,8 @@ TEST(Qwen3, Bf16ActivationStorageGivesTheSameStep) {
   for (const auto& [c, B, T] : {std::tuple{tiny(false), 2, 11}, std::tuple{odd, 1, 7}})
     for (bool fused : {false, true}) {
       const std::vector<float> w = tiny_params(c);
-      const Batch b = fixed_batch(B, T, c.V);
+      // (the unfused steps block-causal)
+      const Batch b = fused ? fixed_batch(B, T, c.V) : text_batch(B, T, c.V);
       Qwen3 m1(c, DType::bf16, B, T, cpu_ops()), m2(c, DType::bf16, B, T, f32ffn);
       m1.set_params(w.data());
       m2.set_params(w.data());
@@ -332,7 +361,8 @@ TEST(Qwen3, ComposedResidualNormEqualsTheFusedOps) {
 }
 
 // A backend without the fused QK-norm + RoPE op (CUDA) gets the model's composition of the
-// split, norms and rotations, from the same saved activations: the same step, bit for bit.
+// split, norms and rotations, from the same saved activations: the same step, bit for bit,
+// causal and block-causal.
 TEST(Qwen3, ComposedQkNormRopeEqualsTheFusedOp) {
   Ops fused = cpu_ops();
   fused.attention_qkn_forward = nullptr;  // (else attention takes both in)
@@ -340,63 +370,67 @@ TEST(Qwen3, ComposedQkNormRopeEqualsTheFusedOp) {
   Ops composed = fused;
   composed.qk_norm_rope_forward = nullptr;
   composed.qk_norm_rope_backward = nullptr;
-  for (DType dt : {DType::f32, DType::bf16}) {
-    const Config c = tiny(false);
-    const std::vector<float> w = tiny_params(c);
-    const Batch b = fixed_batch(2, 11, c.V);
-    Qwen3 m1(c, dt, 2, 11, fused), m2(c, dt, 2, 11, composed);
-    m1.set_params(w.data());
-    m2.set_params(w.data());
-    std::vector<float> g1(w.size()), g2(w.size()), p1(w.size()), p2(w.size());
-    for (int s = 0; s < 2; ++s) {
-      const std::string what = std::string(dtype_name(dt)) + " step " + std::to_string(s);
-      ASSERT_EQ(m1.forward(b), m2.forward(b)) << what;
-      m1.backward();
-      m2.backward();
-      m1.get_grads(g1.data());
-      m2.get_grads(g2.data());
-      ASSERT_EQ(g1, g2) << what;
-      m1.sgd_update(0.3f);
-      m2.sgd_update(0.3f);
+  for (const bool docs : {false, true})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const Config c = tiny(false);
+      const std::vector<float> w = tiny_params(c);
+      const Batch b = docs ? text_batch(2, 11, c.V) : fixed_batch(2, 11, c.V);
+      Qwen3 m1(c, dt, 2, 11, fused), m2(c, dt, 2, 11, composed);
+      m1.set_params(w.data());
+      m2.set_params(w.data());
+      std::vector<float> g1(w.size()), g2(w.size()), p1(w.size()), p2(w.size());
+      for (int s = 0; s < 2; ++s) {
+        const std::string what = std::string(dtype_name(dt)) + (docs ? " block-causal" : "") +
+                                 " step " + std::to_string(s);
+        ASSERT_EQ(m1.forward(b), m2.forward(b)) << what;
+        m1.backward();
+        m2.backward();
+        m1.get_grads(g1.data());
+        m2.get_grads(g2.data());
+        ASSERT_EQ(g1, g2) << what;
+        m1.sgd_update(0.3f);
+        m2.sgd_update(0.3f);
+      }
+      m1.get_params(p1.data());
+      m2.get_params(p2.data());
+      EXPECT_EQ(p1, p2) << dtype_name(dt);
     }
-    m1.get_params(p1.data());
-    m2.get_params(p2.data());
-    EXPECT_EQ(p1, p2) << dtype_name(dt);
-  }
 }
 
 // Attention taking QK-norm + RoPE in (attention_qkn_*, our kernels) against the two ops: the
-// same loss and gradients, bit for bit, but for q_norm's and k_norm's, summed in another order.
+// same loss and gradients, bit for bit, but for q_norm's and k_norm's, summed in another order;
+// causal and block-causal.
 TEST(Qwen3, AttentionWithQkNormEqualsTheSeparateOps) {
   if (!cpu_ops().attention_qkn_forward) GTEST_SKIP() << "no kernel set here: no fused op";
   Ops separate = cpu_ops();
   separate.attention_qkn_forward = nullptr;
   separate.attention_qkn_backward = nullptr;
-  for (DType dt : {DType::f32, DType::bf16}) {
-    const Config c = tiny(false);
-    const ParamLayout lay = make_layout(c);
-    const std::vector<float> w = tiny_params(c);
-    const Batch b = fixed_batch(2, 11, c.V);
-    Qwen3 m1(c, dt, 2, 11, cpu_ops()), m2(c, dt, 2, 11, separate);
-    m1.set_params(w.data());
-    m2.set_params(w.data());
-    ASSERT_EQ(m1.forward(b), m2.forward(b)) << dtype_name(dt);
-    m1.backward();
-    m2.backward();
-    std::vector<float> g1(w.size()), g2(w.size());
-    m1.get_grads(g1.data());
-    m2.get_grads(g2.data());
-    for (const auto& l : lay.layers) {  // q_norm and k_norm, adjacent
-      const auto at = g1.begin() + std::ptrdiff_t(l.q_norm),
-                 at2 = g2.begin() + std::ptrdiff_t(l.q_norm);
-      EXPECT_LT(test::rel_l2(std::vector<float>(at, at + 2 * c.D),
-                             std::vector<float>(at2, at2 + 2 * c.D)),
-                dt == DType::f32 ? 1e-6 : 1e-2)
-          << dtype_name(dt);
-      std::copy(at, at + 2 * c.D, at2);
+  for (const bool docs : {false, true})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const Config c = tiny(false);
+      const ParamLayout lay = make_layout(c);
+      const std::vector<float> w = tiny_params(c);
+      const Batch b = docs ? text_batch(2, 11, c.V) : fixed_batch(2, 11, c.V);
+      Qwen3 m1(c, dt, 2, 11, cpu_ops()), m2(c, dt, 2, 11, separate);
+      m1.set_params(w.data());
+      m2.set_params(w.data());
+      ASSERT_EQ(m1.forward(b), m2.forward(b)) << dtype_name(dt);
+      m1.backward();
+      m2.backward();
+      std::vector<float> g1(w.size()), g2(w.size());
+      m1.get_grads(g1.data());
+      m2.get_grads(g2.data());
+      for (const auto& l : lay.layers) {  // q_norm and k_norm, adjacent
+        const auto at = g1.begin() + std::ptrdiff_t(l.q_norm),
+                   at2 = g2.begin() + std::ptrdiff_t(l.q_norm);
+        EXPECT_LT(test::rel_l2(std::vector<float>(at, at + 2 * c.D),
+                               std::vector<float>(at2, at2 + 2 * c.D)),
+                  dt == DType::f32 ? 1e-6 : 1e-2)
+            << dtype_name(dt);
+        std::copy(at, at + 2 * c.D, at2);
+      }
+      EXPECT_EQ(g1, g2) << dtype_name(dt) << ": the other gradients";
     }
-    EXPECT_EQ(g1, g2) << dtype_name(dt) << ": the other gradients";
-  }
 }
 
 // bf16 gradients straight into bf16 (matrices stored by matmul_backward_bf16g, the embedding
@@ -600,6 +634,101 @@ TEST(Qwen3, SgdOnlyModelTrainsTheSameInLessMemory) {
           EXPECT_EQ(p1, p2) << what;
         }
       }
+}
+
+// TorchTitan's documents in a packed row: one starts at the row's first token and after every
+// eos, which ends (and belongs to) the one before it.
+TEST(Batch, MarkDocumentsStartsOneAfterEveryEos) {
+  Batch b;
+  b.B = 3, b.T = 6;
+  b.tokens = {5, 0, 0, 7, 8, 0,   // eos inside, twice in a row, and last
+              0, 4, 4, 4, 4, 4,   // eos first
+              3, 3, 3, 3, 3, 3};  // no eos: one document
+  mark_documents(b, 0);
+  EXPECT_EQ(b.doc_start,
+            (std::vector<int32_t>{0, 0, 2, 3, 3, 3, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0}));
+  b.tokens[6] = 9;  // rows are independent: row 1 starts a document whatever row 0 ends with
+  mark_documents(b, 0);
+  EXPECT_EQ(b.doc_start[6], 0);
+  EXPECT_EQ(b.doc_start[7], 0);
+}
+
+// Block-causal attention (Batch::doc_start) through the whole model against the reference
+// model, on the fast kernels and on the bare table (the composed QK-norm + RoPE and plain
+// attention, as CUDA runs it); a batch of one document a row is the causal batch, bit for bit;
+// and the mask matters.
+TEST(Qwen3, BlockCausalForwardMatchesTheReferenceModel) {
+  const Ops bare = bare_ops();
+  for (const Ops* o : {&cpu_ops(), &bare})
+    for (bool tied : {true, false}) {
+      const Config c = tiny(tied);
+      const std::vector<float> w = tiny_params(c);
+      const Batch b = text_batch(3, 21, c.V);
+      Qwen3 m(c, DType::f32, 3, 21, *o);
+      m.set_params(w.data());
+      const double loss = m.forward(b);
+      int64_t hits_ref = 0;
+      const std::string what = o->name + (tied ? " tied" : " untied");
+      EXPECT_NEAR(loss, ref::model_loss(c, w.data(), b, &hits_ref), 1e-5) << what;
+      EXPECT_EQ(m.correct(b), hits_ref) << what;
+      Batch causal = b;
+      causal.doc_start.clear();
+      const double lc = m.forward(causal);
+      EXPECT_GT(std::fabs(lc - loss), 1e-3) << what;
+      causal.doc_start.assign(b.tokens.size(), 0);
+      EXPECT_EQ(m.forward(causal), lc) << what;
+    }
+}
+
+// What block-causal attention means: a row of two documents gives each token the loss it has
+// in its own document trained alone (causal, positions from 0), on the fast kernels.
+TEST(Qwen3, BlockCausalDocumentsAreSequencesOfTheirOwn) {
+  const Config c = tiny(false);
+  const std::vector<float> w = tiny_params(c);
+  constexpr int32_t eos = 0;
+  const std::vector<int32_t> ids = {5, 9, 13, 2, eos, 40, 41, 7, 7, 3, 88, 60, 61};  // T = 12
+  const auto loss = [&](int64_t t0, int64_t T, bool docs) {
+    Batch b;
+    b.B = 1, b.T = T;
+    b.tokens.assign(ids.begin() + t0, ids.begin() + t0 + T);
+    b.targets.assign(ids.begin() + t0 + 1, ids.begin() + t0 + T + 1);
+    if (docs) mark_documents(b, eos);
+    Qwen3 m(c, DType::f32, 1, T, cpu_ops());
+    m.set_params(w.data());
+    return m.forward(b);
+  };
+  EXPECT_NEAR(loss(0, 12, true), (5 * loss(0, 5, false) + 7 * loss(5, 7, false)) / 12, 1e-5);
+}
+
+// The block-causal gradient against a directional finite difference of the reference model.
+TEST(Qwen3, BlockCausalGradientMatchesFiniteDifferences) {
+  for (bool tied : {true, false}) {
+    const Config c = tiny(tied);
+    const std::vector<float> w = tiny_params(c);
+    const Batch b = text_batch(2, 9, c.V, 4);
+    Qwen3 m(c, DType::f32, 2, 9, cpu_ops());
+    m.set_params(w.data());
+    m.forward(b);
+    m.backward();
+    std::vector<float> g(w.size());
+    m.get_grads(g.data());
+    for (const ParamView& v : make_layout(c).params) {
+      double gg = 0;
+      for (size_t i = 0; i < v.numel; ++i) gg += double(g[v.offset + i]) * g[v.offset + i];
+      const double norm = std::sqrt(gg);
+      ASSERT_GT(norm, 0) << v.name;
+      const double h = 1e-3;
+      std::vector<float> wp = w, wm = w;
+      for (size_t i = 0; i < v.numel; ++i) {
+        const double u = g[v.offset + i] / norm;
+        wp[v.offset + i] += float(h * u);
+        wm[v.offset + i] -= float(h * u);
+      }
+      const double num =
+          (ref::model_loss(c, wp.data(), b) - ref::model_loss(c, wm.data(), b)) / (2 * h);
+      EXPECT_NEAR(num, norm, 1e-3 * norm + 1e-4) << v.name << " tied=" << tied;
+    }
+  }
 }
 
 }  // namespace

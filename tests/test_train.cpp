@@ -11,6 +11,7 @@
 
 #include "core/common.h"
 #include "data/shard.h"
+#include "model/ops.h"
 #include "testing.h"
 #include "train/data.h"
 #include "train/optimizer.h"
@@ -144,6 +145,59 @@ TEST(Optimizer, NormIsTheSameAtEveryThreadCount) {
   sgd_step(p.data(), d.data(), 2, 0.1);
   EXPECT_FLOAT_EQ(p[0], 0.95f);
   EXPECT_FLOAT_EQ(p[1], 2.1f);
+}
+
+// The backend's fused pass (model/ops.h) against the reference composition: the mean over
+// micro-batches, the norm, the clipping scale, the update and the model's copy, bit for bit,
+// for AdamW and SGD, fp32 and bf16 copies, at sizes around the norm's chunk, at 1 and 3
+// threads.
+TEST(Optimizer, TheBackendsFusedStepIsTheReferenceBitForBit) {
+  const Ops& ops = cpu_ops();
+  const int saved = omp_get_max_threads();
+  for (const size_t n : {size_t(1), size_t(1000), size_t(kNormChunk), size_t(3 * kNormChunk + 17)})
+    for (const OptimizerKind kind : {OptimizerKind::adamw, OptimizerKind::sgd})
+      for (const bool bf16 : {false, true})
+        for (const int threads : {1, 3}) {
+          omp_set_num_threads(threads);
+          std::vector<float> p(n), m(n), v(n), g(n);
+          for (size_t i = 0; i < n; ++i) {
+            p[i] = std::sin(float(i) * 0.3f) * 0.1f;
+            m[i] = std::cos(float(i)) * 1e-3f;
+            v[i] = 1e-6f * float(i % 13);
+            g[i] = std::cos(float(i) * 0.7f) * (i % 7 ? 1e-3f : 2.0f);
+          }
+          std::vector<float> rp = p, rm = m, rv = v, rg = g;
+          const AdamWConfig c{0.9, 0.95, 1e-8, 0.1};
+          const double lr = 7e-4;
+          const int64_t step = 5;
+          // the reference: scale by the mean of 2 micro-batches, the norm, clip to 0.5, update
+          scale(rg.data(), n, 0.5f);
+          const double norm = global_norm(rg.data(), n);
+          const float clip = float(std::min(1.0, 0.5 / (norm + 1e-6)));
+          scale(rg.data(), n, clip);
+          if (kind == OptimizerKind::adamw)
+            adamw_step(rp.data(), rm.data(), rv.data(), rg.data(), n, lr, c, step);
+          else
+            sgd_step(rp.data(), rg.data(), n, lr);
+          // the backend
+          const double got = std::sqrt(ops.scale_sum_squares(g.data(), int64_t(n), 0.5f));
+          EXPECT_EQ(got, norm);
+          std::vector<float> copy32(n);
+          std::vector<uint16_t> copy16(n);
+          ops.optimizer_step(p.data(), m.data(), v.data(), g.data(), int64_t(n),
+                             optimizer_scalars(kind, lr, c, step, clip),
+                             bf16 ? static_cast<void*>(copy16.data()) : copy32.data(), bf16);
+          size_t bad = 0;
+          for (size_t i = 0; i < n; ++i) {
+            const bool same = p[i] == rp[i] &&
+                              (kind == OptimizerKind::sgd || (m[i] == rm[i] && v[i] == rv[i])) &&
+                              (bf16 ? copy16[i] == f32_to_bf16(rp[i]) : copy32[i] == rp[i]);
+            bad += !same;
+          }
+          EXPECT_EQ(bad, 0u) << "n " << n << " " << optimizer_name(kind) << " bf16 " << bf16
+                             << " threads " << threads;
+        }
+  omp_set_num_threads(saved);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# train --resume continues a run bit for bit: for each setting below, a run of 20 steps and the
+# train --resume continues a run bit for bit: for each setting below (both optimizers, both
+# dtypes, accumulation, shuffling, both attention modes), a run of 20 steps and the
 # same run stopped after step 10 (--stop-after) and resumed give the same losses, learning
 # rates and gradient norms (the metrics JSONL, every digit) and the same final checkpoint
 # (every tensor record byte for byte: weights, moments, step counts). Then a run stopped by
@@ -17,8 +18,9 @@ fail() {
   fails=$((fails + 1))
 }
 
-# made-up documents: words of a skewed frequency, so that a tokenizer has something to learn
-awk 'BEGIN { srand(7); for (d = 0; d < 120; ++d) { n = 40 + int(rand() * 200); line = "";
+# made-up documents of 3 to 42 words (several to a row: block-causal attention has documents to
+# keep apart), the words of a skewed frequency, so that a tokenizer has something to learn
+awk 'BEGIN { srand(7); for (d = 0; d < 200; ++d) { n = 3 + int(rand() * 40); line = "";
   for (i = 0; i < n; ++i) { w = ""; k = 1 + int(rand() * rand() * 7);
     for (j = 0; j < k; ++j) w = w substr("etaoinshrdlucmfwyp", 1 + int(rand() * rand() * 18), 1);
     line = line (i ? " " : "") w }
@@ -46,10 +48,10 @@ PY
 
 common="--data $dir/shards --threads 2"
 settings=(
-  "adamw-bf16-accum2-shuffled|--dtype bfloat16 --batch-size 2 --seq-len 48 --grad-accum 2 --data-order shuffled --val-every 5 --val-tokens 200"
-  "adamw-fp32-sequential|--dtype float32 --batch-size 3 --seq-len 32 --warmup-steps 4 --decay-type cosine"
-  "sgd-fp32-accum3-shuffled|--optimizer sgd --learning-rate 0.05 --dtype float32 --batch-size 2 --seq-len 32 --grad-accum 3 --data-order shuffled"
-  "sgd-bf16-sequential|--optimizer sgd --learning-rate 0.05 --dtype bfloat16 --batch-size 2 --seq-len 40 --max-norm 0"
+  "adamw-bf16-accum2-shuffled-block|--dtype bfloat16 --batch-size 2 --seq-len 48 --grad-accum 2 --data-order shuffled --attention block-causal --val-every 5 --val-tokens 200"
+  "adamw-fp32-sequential-causal|--dtype float32 --batch-size 3 --seq-len 32 --attention causal --warmup-steps 4 --decay-type cosine"
+  "sgd-fp32-accum3-shuffled-block|--optimizer sgd --learning-rate 0.05 --dtype float32 --batch-size 2 --seq-len 32 --grad-accum 3 --data-order shuffled --attention block-causal"
+  "sgd-bf16-sequential-causal|--optimizer sgd --learning-rate 0.05 --dtype bfloat16 --batch-size 2 --seq-len 40 --attention causal --max-norm 0"
 )
 for s in "${settings[@]}"; do
   name=${s%%|*} flags=${s#*|}
@@ -77,7 +79,7 @@ for s in "${settings[@]}"; do
 done
 
 # SIGTERM mid-run: saves at the end of that step, exits 128 + 15 with the line, and resumes.
-d=$dir/adamw-bf16-accum2-shuffled
+d=$dir/adamw-bf16-accum2-shuffled-block
 s=${settings[0]}
 # shellcheck disable=SC2086
 "$bin" train $common ${s#*|} --log-every 1 --steps 20 --output "$d/term.pt" --metrics "$d/term.jsonl" \

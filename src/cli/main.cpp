@@ -31,8 +31,8 @@
 #include "model/qwen3.h"
 #include "ref/model.h"
 #include "text/commands.h"
-#include "train/plot.h"
 #include "train/checkpoint.h"
+#include "train/plot.h"
 #include "train/trainer.h"
 
 namespace tq {
@@ -49,6 +49,7 @@ struct TrainArgs {
   bool profile = false;
   // training on text (train/trainer.h); `given` records which flags were on the command line
   std::string data, data_order = "sequential", optimizer, decay_type = "linear", metrics;
+  std::string attention;  // "": block-causal with --data (TorchTitan's), else causal
   int64_t grad_accum = 1, warmup = 2, val_every = 0, val_tokens = 0, log_every = 1;
   int64_t save_every = 0, keep = 0, stop_after = 0;
   std::string resume;
@@ -114,6 +115,7 @@ train::RunConfig to_run_config(const TrainArgs& a) {
   r.B = a.batch_size, r.T = a.seq_len, r.steps = a.steps, r.seed = a.seed;
   r.output = a.output, r.init_from = a.init_from;
   r.data = a.data, r.order = train::parse_data_order(a.data_order), r.grad_accum = a.grad_accum;
+  r.attention = train::parse_attention(a.attention);
   r.optimizer = train::parse_optimizer(a.optimizer);
   // the learning rate TorchTitan's job config gives AdamW, the walkthrough's SGD its own
   r.lr = a.has("--learning-rate") ? a.lr : r.optimizer == train::OptimizerKind::adamw ? 8e-4 : a.lr;
@@ -151,6 +153,7 @@ void resume_into(TrainArgs& a) {
   a.batch_size = r.B, a.seq_len = r.T, a.steps = r.steps, a.seed = r.seed;
   a.output = r.output, a.init_from.clear();  // (the weights come from the checkpoint)
   a.data = r.data, a.data_order = train::data_order_name(r.order), a.grad_accum = r.grad_accum;
+  a.attention = train::attention_name(r.attention);
   a.optimizer = train::optimizer_name(r.optimizer), a.lr = r.lr;
   a.given.push_back("--learning-rate");
   a.beta1 = r.adamw.beta1, a.beta2 = r.adamw.beta2, a.eps = r.adamw.eps;
@@ -180,16 +183,19 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
   if (a.seed < 0) throw Error("--seed must be non-negative, got " + std::to_string(a.seed));
   if (!std::isfinite(a.lr) || a.lr <= 0)
     throw Error("--learning-rate must be a positive number, got " + fmt_g(a.lr));
+  if (train::parse_attention(a.attention) != train::AttentionMask::causal && a.data.empty())
+    throw Error("--attention " + a.attention +
+                " is for training on text: give --data DIR (shards whose documents end in the "
+                "end-of-text id); the walkthrough's fixed batch trains causal");
   if (a.data.empty()) {
     if (a.optimizer != "sgd")
       throw Error("--optimizer " + a.optimizer +
                   " trains on text: give --data DIR (shards from "
                   "tiny-qwen3 prepare); the walkthrough's fixed batch trains with sgd");
-    for (const char* f :
-         {"--data-order", "--grad-accum", "--beta1", "--beta2", "--eps", "--weight-decay",
-          "--warmup-steps", "--decay-ratio", "--decay-type", "--lr-min", "--max-norm",
-          "--val-every", "--val-tokens", "--log-every", "--metrics", "--save-every", "--keep",
-          "--stop-after"})
+    for (const char* f : {"--data-order", "--grad-accum", "--beta1", "--beta2", "--eps",
+                          "--weight-decay", "--warmup-steps", "--decay-ratio", "--decay-type",
+                          "--lr-min", "--max-norm", "--val-every", "--val-tokens", "--log-every",
+                          "--metrics", "--save-every", "--keep", "--stop-after"})
       if (a.has(f))
         throw Error(std::string(f) +
                     " is for training on text: give --data DIR (shards from "
@@ -231,11 +237,12 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
                   std::to_string(a.save_every));
     if (a.keep < 0) throw Error("--keep must be 0 (all) or more, got " + std::to_string(a.keep));
     if (a.keep > 0 && !train::output_is_folder(a.output))
-      throw Error("--keep needs --output to be a folder (end it with /): a file holds one "
-                  "checkpoint");
+      throw Error(
+          "--keep needs --output to be a folder (end it with /): a file holds one "
+          "checkpoint");
     if (a.stop_after < 0 || (a.stop_after > 0 && a.stop_after >= a.steps))
-      throw Error("--stop-after must be a step before the last (1.." +
-                  std::to_string(a.steps - 1) + "), got " + std::to_string(a.stop_after));
+      throw Error("--stop-after must be a step before the last (1.." + std::to_string(a.steps - 1) +
+                  "), got " + std::to_string(a.stop_after));
   }
   if (a.output.empty()) throw Error("--output is required (where the checkpoint goes)");
   if (!a.data.empty() && train::output_is_folder(a.output)) {
@@ -613,6 +620,9 @@ int main(int argc, char** argv) {
   tr->add_option("--data", a.data, "train on token shards from tiny-qwen3 prepare (this folder)")
       ->check(kPath);
   tr->add_option("--data-order", a.data_order, "sequential, or shuffled batch windows each epoch");
+  tr->add_option("--attention", a.attention,
+                 "block-causal (the default with --data: each document attends to itself) or "
+                 "causal");
   tr->add_option("--grad-accum", a.grad_accum, "micro-batches per optimizer step")
       ->transform(kDecimal);
   tr->add_option("--optimizer", a.optimizer, "adamw (default with --data) or sgd");
@@ -770,7 +780,9 @@ int main(int argc, char** argv) {
       a.preset_given = preset_opt->count() > 0;
       for (const CLI::Option* o : tr->get_options())
         if (o->count() > 0) a.given.push_back(o->get_name());
-      if (a.optimizer.empty()) a.optimizer = a.data.empty() && a.resume.empty() ? "sgd" : "adamw";
+      const bool text = !a.data.empty() || !a.resume.empty();
+      if (a.optimizer.empty()) a.optimizer = text ? "adamw" : "sgd";
+      if (a.attention.empty()) a.attention = text ? "block-causal" : "causal";
       return train_walkthrough_or_text(a);
     }
     if (ex->parsed()) return export_model(ea);

@@ -1,6 +1,6 @@
-// Causal attention on one kernel set (contract: attention_forward/backward in cpu/layers.h),
-// included after gemm_driver.h by the files that include it, so built for their instructions
-// (the softmaxes too) and kept in their anonymous namespace.
+// Causal and block-causal attention on one kernel set (contract: attention_forward/backward in
+// cpu/layers.h), included after gemm_driver.h by the files that include it, so built for their
+// instructions (the softmaxes too) and kept in their anonymous namespace.
 //
 // One task per (sequence, kv head): K and V are packed once for its G query heads, and it
 // owns their dK, dV rows. A thread claims its next task when it starts one, and fetches that
@@ -13,9 +13,12 @@
 //           queries see; V, K as B panels of NR dims;
 //   dV += Pᵀ dO, dK += dSᵀ Q: Pᵀ, dSᵀ as A panels of MR keys, summed over the block's
 //           queries from the first that sees them; dO, Q as B panels of NR dims.
-// Score tiles the mask hides entirely are never computed. Where P is small enough the forward
-// saves it (AttnProbs in cpu/gemm.h) and the backward reads it, so that only dPᵀ = V dOᵀ is a
-// score product there; else the backward recomputes Sᵀ and P = exp(S - lse).
+// Score tiles the mask hides entirely are never computed: those after a panel's last query
+// (causal), and block-causal (doc, model/ops.h) those before the first key its first query sees
+// (the panel's least: document starts never decrease); the products then sum over just the keys
+// and queries those tiles leave. Where P is small enough the forward saves it (AttnProbs in
+// cpu/gemm.h) and the backward reads it, so that only dPᵀ = V dOᵀ is a score product there;
+// else the backward recomputes Sᵀ and P = exp(S - lse).
 // Each output element is summed by one task in a fixed order: results do not depend on the
 // thread count. With a QkNorm (cpu/gemm.h; attention_qkn_*) the drivers read the fused
 // projection instead of q, k, v: a task's keys and each block's queries are normalized and
@@ -73,21 +76,51 @@ class RowFetch {
   int64_t n_ = 0, cur_ = 0, per_ = 0;
 };
 
+// The first key of the block's queries: ds[c] is the first key query q0 + c sees (block-causal,
+// from doc), never decreasing in c; null: 0 (causal). The rows of Sᵀ the block reads start at
+// its first query's, rounded down to a key panel (an even key: a bf16 pair's first).
+inline int64_t first_key(const int32_t* ds, int64_t c) {
+  return ds ? ds[c] : 0;
+}
+template <class Kern>
+int64_t first_row(const int32_t* ds) {
+  static_assert(Kern::MR % 2 == 0);
+  return first_key(ds, 0) / Kern::MR * Kern::MR;
+}
+// The queries c of a block of nq at q0 that see key j are [first(j), end(j)): from j on, and
+// (block-causal, ds as above) before the first whose document starts after j. end() is asked
+// for keys in increasing order.
+class Seen {
+ public:
+  Seen(const int32_t* ds, int64_t q0, int64_t nq) : ds_(ds), q0_(q0), nq_(nq), end_(ds ? 0 : nq) {}
+  int64_t first(int64_t j) const { return j > q0_ ? j - q0_ : 0; }
+  int64_t end(int64_t j) {
+    if (ds_)
+      while (end_ < nq_ && ds_[end_] <= j) ++end_;
+    return end_;
+  }
+
+ private:
+  const int32_t* ds_;
+  int64_t q0_, nq_, end_;
+};
+
 // St[j][c] (row stride kAttnQB) = alpha sum_d X(j, d) Y(y0 + c, d) for the nq queries of a
-// block and the keys j each NR panel of them can see (j <= its last query); other entries
+// block and the keys j each NR panel of them can see (j <= its last query; block-causal from
+// the key panel of the first key its first query sees, ds as in first_key); other entries
 // are left as they were. X: packed A panels of MR keys over SD slots; Y: the queries (or
 // their output gradients) of Yrows rows, query q0 at row y0 (q0 token-major, 0 in a block's
 // buffer), packed here into Yp.
 template <class Kern, Slot SL>
 void score_tiles(float* St, const uint32_t* X, uint32_t* Yp, const View& Y, int64_t Yrows,
                  int64_t y0, int64_t T, int64_t D, int64_t SD, int64_t q0, int64_t nq, float alpha,
-                 RowFetch& pf) {
+                 const int32_t* ds, RowFetch& pf) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
   for (int64_t c = 0; c < nq; c += NR) {
     uint32_t* yp = Yp + c * SD;
     Kern::template pack<SL>(yp, Y, Yrows, D, y0 + c, NR, 0, SD);
     const int nr = int(lo(NR, nq - c));
-    for (int64_t j = 0; j < lo(T, q0 + c + nr); j += MR) {
+    for (int64_t j = first_key(ds, c) / MR * MR; j < lo(T, q0 + c + nr); j += MR) {
       Kern::template micro<SL, false>(SD, X + j * SD, yp, St + j * kAttnQB + c, kAttnQB,
                                       int(lo(MR, T - j)), nr, false, alpha, nullptr, 0, nullptr, 0);
       pf.step();
@@ -115,56 +148,63 @@ void pack_dims_b(uint32_t* dst, const View& Xt, int64_t D, int64_t K, int64_t SK
 }
 
 // C[nq, D] (row stride ldc) = M[q][j] Y[j][d], M the block's probabilities or score
-// gradients held transposed in St: each A panel of MR queries sums the keys they see.
+// gradients held transposed in St: each A panel of MR queries sums the keys they see (from the
+// first key its first query sees, ds as in first_key).
 // Yb: Y as B panels of NR dims over keys (pack_dims_b, ST slots each); Ap: one panel.
 // C (E: float, or uint16_t for bf16 storage) stored as st says.
 template <class Kern, Slot SL, class E>
 void query_rows(E* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32_t* Ap, int64_t D,
-                int64_t ST, int64_t q0, int64_t nq, Store st, RowFetch& pf) {
+                int64_t ST, int64_t q0, int64_t nq, const int32_t* ds, Store st, RowFetch& pf) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
   constexpr int64_t per = per_slot(SL);
   for (int64_t a = 0; a < nq; a += MR) {
     const int mr = int(lo(MR, nq - a));
-    const int64_t e = q0 + a + mr, S = (e + per - 1) / per;  // keys 0..e-1
+    // keys s0 * per..e-1
+    const int64_t e = q0 + a + mr, S = (e + per - 1) / per, s0 = first_key(ds, a) / per;
     pf.step();
     if constexpr (Kern::kInPlaceA && per == 1) {  // St's rows are the A slots
       for (int64_t d = 0; d < D; d += NR)
-        Kern::micro_cols(S, St + a, kAttnQB, Yb + d * ST, reinterpret_cast<float*>(C + a * ldc + d),
-                         ldc, mr, int(lo(NR, D - d)), false, st);
+        Kern::micro_cols(S - s0, St + s0 * kAttnQB + a, kAttnQB, Yb + d * ST + s0 * NR,
+                         reinterpret_cast<float*>(C + a * ldc + d), ldc, mr, int(lo(NR, D - d)),
+                         false, st);
       continue;
     }
-    Kern::template pack<SL>(Ap, View{St + a, false, 1, kAttnQB}, nq - a, e, 0, MR, 0, S);
+    Kern::template pack<SL>(Ap, View{St + a, false, 1, kAttnQB}, nq - a, e, 0, MR, s0, S - s0);
     for (int64_t d = 0; d < D; d += NR)
-      Kern::template micro<SL, false>(S, Ap, Yb + d * ST, reinterpret_cast<float*>(C + a * ldc + d),
-                                      ldc, mr, int(lo(NR, D - d)), false, 1.0f, nullptr, 0, nullptr,
-                                      0, st);
+      Kern::template micro<SL, false>(S - s0, Ap, Yb + d * ST + s0 * NR,
+                                      reinterpret_cast<float*>(C + a * ldc + d), ldc, mr,
+                                      int(lo(NR, D - d)), false, 1.0f, nullptr, 0, nullptr, 0, st);
   }
 }
 
-// C[j][d] (row stride ldc) += sum_q St[j][q] Y[q][d] for the keys 0..q0+nq-1 of a block:
-// each A panel of MR keys sums the queries that see them; rows from key `fresh` on (a multiple
-// of MR) are stored, not added to (their first sum). Yb: Y as B panels of NR dims over the
-// block's queries (SQ slots each); Ap: one panel.
+// C[j][d] (row stride ldc) += sum_q St[j][q] Y[q][d] for the keys 0..q0+nq-1 of a block
+// (block-causal: from first_row(ds), ds as in first_key): each A panel of MR keys sums the
+// queries that see them; rows from key `fresh` on (a multiple of MR) are stored, not added to
+// (their first sum). Yb: Y as B panels of NR dims over the block's queries (SQ slots each); Ap:
+// one panel.
 template <class Kern, Slot SL>
 void key_rows(float* C, int64_t ldc, const float* St, const uint32_t* Yb, uint32_t* Ap, int64_t D,
-              int64_t SQ, int64_t q0, int64_t nq, int64_t fresh, RowFetch& pf) {
+              int64_t SQ, int64_t q0, int64_t nq, int64_t fresh, const int32_t* ds, RowFetch& pf) {
   constexpr int MR = Kern::MR, NR = Kern::NR;
   constexpr int64_t per = per_slot(SL);
-  const int64_t e = q0 + nq, S = (nq + per - 1) / per;
-  for (int64_t j = 0; j < e; j += MR) {
+  const int64_t e = q0 + nq;
+  Seen seen(ds, q0, nq);
+  for (int64_t j = first_row<Kern>(ds); j < e; j += MR) {
     const int mr = int(lo(MR, e - j));
-    const int64_t s0 = (j > q0 ? j - q0 : 0) / per;  // queries before j do not see it
+    // queries before j do not see it, nor (block-causal) those of later documents
+    const int64_t s0 = seen.first(j) / per, s1 = (seen.end(j + mr - 1) + per - 1) / per;
     pf.step();
+    if (s1 <= s0) continue;  // (a key before this block's own: added to, so nothing to add)
     if constexpr (Kern::kInPlaceA && per == 1) {  // St's rows are the A rows
       for (int64_t d = 0; d < D; d += NR)
-        Kern::micro_inplace(S - s0, St + j * kAttnQB + s0, false, kAttnQB, Yb + d * SQ + s0 * NR,
+        Kern::micro_inplace(s1 - s0, St + j * kAttnQB + s0, false, kAttnQB, Yb + d * SQ + s0 * NR,
                             C + j * ldc + d, ldc, mr, int(lo(NR, D - d)), j < fresh, nullptr, 0);
       continue;
     }
     Kern::template pack<SL>(Ap, View{St + j * kAttnQB, false, kAttnQB, 1}, e - j, nq, 0, MR, s0,
-                            S - s0);
+                            s1 - s0);
     for (int64_t d = 0; d < D; d += NR)
-      Kern::template micro<SL, false>(S - s0, Ap, Yb + d * SQ + s0 * NR, C + j * ldc + d, ldc, mr,
+      Kern::template micro<SL, false>(s1 - s0, Ap, Yb + d * SQ + s0 * NR, C + j * ldc + d, ldc, mr,
                                       int(lo(NR, D - d)), j < fresh, 1.0f, nullptr, 0, nullptr, 0);
   }
 }
@@ -242,10 +282,12 @@ inline float row_dot(const E* a, const E* b, int64_t n) {
 }
 
 // H16: q, k, v, out in bf16 storage (bf16 kind only; the pointers hold uint16_t)
+// doc: null (causal), or block-causal [B*T] (model/ops.h)
 // qn: q, k, v are null, and the rows come from qn's projection (QkNorm in cpu/gemm.h)
 template <class Kern, bool BF, bool H16 = false>
 void attn_forward(float* out_, float* lse, const float* q_, const float* k_, const float* v_,
-                  int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, const QkNorm* qn) {
+                  int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, const int32_t* doc,
+                  const QkNorm* qn) {
   static_assert(BF || !H16);
   using E = std::conditional_t<H16, uint16_t, float>;
   E* out = reinterpret_cast<E*>(out_);
@@ -298,45 +340,54 @@ void attn_forward(float* out_, float* lse, const float* q_, const float* k_, con
       for (int64_t h = g * G; h < (g + 1) * G; ++h)
         for (int64_t q0 = 0; q0 < T; q0 += QB, ++blk) {
           const int64_t nq = lo(QB, T - q0), e = q0 + nq;
+          const int32_t* const ds = doc ? doc + b * T + q0 : nullptr;  // (first_key)
+          const int64_t j0 = first_row<Kern>(ds);  // the block's first row of Sᵀ
           sh.plan(pf, &q, qn ? 0 : 1, b, g, h, q0, QB, k, v, next, blk, nblk);
-          pf.pace((nq + Kern::NR - 1) / Kern::NR * ((e + Kern::MR - 1) / Kern::MR) +
+          pf.pace((nq + Kern::NR - 1) / Kern::NR * ((e - j0 + Kern::MR - 1) / Kern::MR) +
                   (nq + Kern::MR - 1) / Kern::MR);
           if (qn) {
             qn->rows(*qn, Qn, b, h, q0, nq, true);
             score_tiles<Kern, SL>(St, KA, QP, View{Qn, H16, D, 1}, nq, 0, T, D, SD, q0, nq, scale,
-                                  pf);
+                                  ds, pf);
           } else {
             score_tiles<Kern, SL>(St, KA, QP, View{sh.row(q, b, h, 0), H16, ldq, 1}, T, q0, T, D,
-                                  SD, q0, nq, scale, pf);
+                                  SD, q0, nq, scale, ds, pf);
           }
-          // softmax down each column c (query q0 + c sees keys j <= q0 + c); P = 0 where
-          // masked, over all e keys the block's panels read
+          // softmax down each column c (query q0 + c sees keys j <= q0 + c, block-causal from
+          // its document's first); P = 0 where masked, over all keys j0..e-1 the block's panels
+          // read
           for (int64_t c = 0; c < nq; ++c) mx[c] = -INFINITY, sum[c] = 0.0f;
-          for (int64_t j = 0; j < e; ++j) {
+          Seen seen(ds, q0, nq);
+          for (int64_t j = j0; j < e; ++j) {
             const float* s = St + j * QB;
+            const int64_t c1 = seen.end(j);
 #pragma omp simd
-            for (int64_t c = j > q0 ? j - q0 : 0; c < nq; ++c) mx[c] = s[c] > mx[c] ? s[c] : mx[c];
+            for (int64_t c = seen.first(j); c < c1; ++c) mx[c] = s[c] > mx[c] ? s[c] : mx[c];
           }
-          for (int64_t j = 0; j < e; ++j) {
+          seen = Seen(ds, q0, nq);
+          for (int64_t j = j0; j < e; ++j) {
             float* s = St + j * QB;
-            const int64_t c0 = j > q0 ? j - q0 : 0;
+            const int64_t c0 = seen.first(j), c1 = seen.end(j);
             for (int64_t c = 0; c < c0; ++c) s[c] = 0.0f;
+            for (int64_t c = c1; c < nq; ++c) s[c] = 0.0f;
 #pragma omp simd
-            for (int64_t c = c0; c < nq; ++c) sum[c] += (s[c] = vexp(s[c] - mx[c]));
+            for (int64_t c = c0; c < c1; ++c) sum[c] += (s[c] = vexp(s[c] - mx[c]));
           }
           for (int64_t c = 0; c < nq; ++c) {
             lse[(b * H + h) * T + q0 + c] = mx[c] + std::log(sum[c]);
             sum[c] = 1.0f / sum[c];
           }
-          for (int64_t j = 0; j < e; ++j) {
+          seen = Seen(ds, q0, nq);
+          for (int64_t j = j0; j < e; ++j) {
             float* s = St + j * QB;
+            const int64_t c1 = seen.end(j);
 #pragma omp simd
-            for (int64_t c = j > q0 ? j - q0 : 0; c < nq; ++c)
+            for (int64_t c = seen.first(j); c < c1; ++c)
               s[c] = BF ? round_to_bf16(s[c] * sum[c]) : s[c] * sum[c];
           }
           if (save) {  // for the backward, past the caches (read only then)
             PE* const Ph = P + (b * H + h) * pr.per_head();
-            for (int64_t j = 0; j < e; ++j) {
+            for (int64_t j = j0; j < e; ++j) {
               const int64_t c0 = AttnProbs::first(j, q0);
               if constexpr (BF)
                 Kern::store_nt_bf16(Ph + pr.row(q0, j), St + j * QB + c0, nq - c0);
@@ -344,7 +395,7 @@ void attn_forward(float* out_, float* lse, const float* q_, const float* k_, con
                 Kern::store_nt(Ph + pr.row(q0, j), St + j * QB + c0, nq - c0, false);
             }
           }
-          query_rows<Kern, SL>(sh.row(out, b, h, q0), ldq, St, VB, PA, D, ST, q0, nq, st, pf);
+          query_rows<Kern, SL>(sh.row(out, b, h, q0), ldq, St, VB, PA, D, ST, q0, nq, ds, st, pf);
           pf.finish();
         }
     }
@@ -353,12 +404,14 @@ void attn_forward(float* out_, float* lse, const float* q_, const float* k_, con
 }
 
 // H16: dq, dk, dv, dout, out, q, k, v in bf16 storage
+// doc: null (causal), or block-causal [B*T] (model/ops.h), as the forward had it
 // qn: q, k, v, dq, dk, dv are null; the rows come from qn's projection and their gradients go
 // to its gradient (QkNorm in cpu/gemm.h)
 template <class Kern, bool BF, bool H16 = false>
 void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const float* out_,
                    const float* lse, const float* q_, const float* k_, const float* v_, int64_t B,
-                   int64_t T, int64_t H, int64_t KVH, int64_t D, const QkNorm* qn) {
+                   int64_t T, int64_t H, int64_t KVH, int64_t D, const int32_t* doc,
+                   const QkNorm* qn) {
   static_assert(BF || !H16);
   using E = std::conditional_t<H16, uint16_t, float>;
   E *dq = reinterpret_cast<E*>(dq_), *dk = reinterpret_cast<E*>(dk_),
@@ -429,49 +482,54 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
       for (int64_t h = g * G; h < (g + 1) * G; ++h)
         for (int64_t q0 = 0; q0 < T; q0 += QB, ++blk) {
           const int64_t nq = lo(QB, T - q0), e = q0 + nq;
+          const int32_t* const ds = doc ? doc + b * T + q0 : nullptr;  // (first_key)
+          const int64_t j0 = first_row<Kern>(ds);  // the block's first row of Sᵀ
           const E *oh = sh.row(out, b, h, q0), *gh = sh.row(dout, b, h, q0);
           const E* qh = qn ? Qn : sh.row(q, b, h, q0);
           const int64_t ldqh = qn ? D : ldq;
           if (qn) qn->rows(*qn, Qn, b, h, q0, nq, false);
           sh.plan(pf, qn ? reads + 1 : reads, qn ? 2 : 3, b, g, h, q0, QB, k, v, next, blk, nblk);
-          const int64_t sp = (nq + Kern::NR - 1) / Kern::NR * ((e + Kern::MR - 1) / Kern::MR),
-                        kp = (e + Kern::MR - 1) / Kern::MR;
+          const int64_t kp = (e - j0 + Kern::MR - 1) / Kern::MR,
+                        sp = (nq + Kern::NR - 1) / Kern::NR * kp;
           pf.pace((saved ? 1 : 2) * sp + 2 * kp + (nq + Kern::MR - 1) / Kern::MR);
           if (!saved)
             score_tiles<Kern, SL>(St, KA, QP, View{qh, H16, ldqh, 1}, nq, 0, T, D, SD, q0, nq,
-                                  scale, pf);
+                                  scale, ds, pf);
           score_tiles<Kern, SL>(dSt, VA, OP, View{gh, H16, ldq, 1}, nq, 0, T, D, SD, q0, nq, 1.0f,
-                                pf);
+                                ds, pf);
           for (int64_t c = 0; c < nq; ++c)  // rowsum(dO O)
             rowdot[c] = row_dot(gh + c * ldq, oh + c * ldq, D);
           // P as saved, or exp(S - lse); dS = P (dP - rowsum(dO O)) scale; 0 where masked.
           // The bf16 kind rounds both (the saved P is), so its products may read them in place
           // (packing would round them again, to the same values).
+          Seen seen(ds, q0, nq);
           if (saved) {
             const PE* const Ph = P + (b * H + h) * pr.per_head();
-            for (int64_t j = 0; j < e; ++j) {
-              float *s = St + j * QB, *ds = dSt + j * QB;
-              const int64_t c0 = j > q0 ? j - q0 : 0;
+            for (int64_t j = j0; j < e; ++j) {
+              float *s = St + j * QB, *dsj = dSt + j * QB;
+              const int64_t c0 = seen.first(j), c1 = seen.end(j);
               const PE* const pj = Ph + pr.row(q0, j) - AttnProbs::first(j, q0);
-              for (int64_t c = 0; c < c0; ++c) s[c] = ds[c] = 0.0f;
+              for (int64_t c = 0; c < c0; ++c) s[c] = dsj[c] = 0.0f;
+              for (int64_t c = c1; c < nq; ++c) s[c] = dsj[c] = 0.0f;
 #pragma omp simd
-              for (int64_t c = c0; c < nq; ++c) {
-                const float p = f32_of(pj[c]), g = p * (ds[c] - rowdot[c]) * scale;
+              for (int64_t c = c0; c < c1; ++c) {
+                const float p = f32_of(pj[c]), g = p * (dsj[c] - rowdot[c]) * scale;
                 s[c] = p;
-                ds[c] = BF ? round_to_bf16(g) : g;
+                dsj[c] = BF ? round_to_bf16(g) : g;
               }
             }
           } else {
             const float* l = lse + (b * H + h) * T + q0;
-            for (int64_t j = 0; j < e; ++j) {
-              float *s = St + j * QB, *ds = dSt + j * QB;
-              const int64_t c0 = j > q0 ? j - q0 : 0;
-              for (int64_t c = 0; c < c0; ++c) s[c] = ds[c] = 0.0f;
+            for (int64_t j = j0; j < e; ++j) {
+              float *s = St + j * QB, *dsj = dSt + j * QB;
+              const int64_t c0 = seen.first(j), c1 = seen.end(j);
+              for (int64_t c = 0; c < c0; ++c) s[c] = dsj[c] = 0.0f;
+              for (int64_t c = c1; c < nq; ++c) s[c] = dsj[c] = 0.0f;
 #pragma omp simd
-              for (int64_t c = c0; c < nq; ++c) {
-                const float p = vexp(s[c] - l[c]), g = p * (ds[c] - rowdot[c]) * scale;
+              for (int64_t c = c0; c < c1; ++c) {
+                const float p = vexp(s[c] - l[c]), g = p * (dsj[c] - rowdot[c]) * scale;
                 s[c] = BF ? round_to_bf16(p) : p;
-                ds[c] = BF ? round_to_bf16(g) : g;
+                dsj[c] = BF ? round_to_bf16(g) : g;
               }
             }
           }
@@ -481,14 +539,14 @@ void attn_backward(float* dq_, float* dk_, float* dv_, const float* dout_, const
           // (the group's first head sums each key first in the block of its own query: stored
           // there, so that dK and dV need no zeroing)
           const int64_t fresh = h == g * G ? q0 : T;
-          key_rows<Kern, SL>(dVs, D, St, OT, XA, D, SQ, q0, nq, fresh, pf);
-          key_rows<Kern, SL>(dKs, D, dSt, QT, XA, D, SQ, q0, nq, fresh, pf);
+          key_rows<Kern, SL>(dVs, D, St, OT, XA, D, SQ, q0, nq, fresh, ds, pf);
+          key_rows<Kern, SL>(dKs, D, dSt, QT, XA, D, SQ, q0, nq, fresh, ds, pf);
           if (qn) {  // dQ as the values dq would hold, turned back into dqkv's rows
-            query_rows<Kern, SL>(dQn, D, dSt, KB, XA, D, ST, q0, nq, BF ? Store::round : Store::f32,
-                                 pf);
+            query_rows<Kern, SL>(dQn, D, dSt, KB, XA, D, ST, q0, nq, ds,
+                                 BF ? Store::round : Store::f32, pf);
             qn->grads(*qn, dQn, b, h, q0, nq, dw);
           } else {
-            query_rows<Kern, SL>(sh.row(dq, b, h, q0), ldq, dSt, KB, XA, D, ST, q0, nq, st, pf);
+            query_rows<Kern, SL>(sh.row(dq, b, h, q0), ldq, dSt, KB, XA, D, ST, q0, nq, ds, st, pf);
           }
           pf.finish();
         }

@@ -226,16 +226,18 @@ void gemm_bf16_dx_sgd(int64_t M, int64_t OC, int64_t IC, View dout, View doutT, 
 
 void attention_forward_kernels(bool bf16, bool h16, float* out, float* lse, const float* q,
                                const float* k, const float* v, int64_t B, int64_t T, int64_t H,
-                               int64_t KVH, int64_t D, const QkNorm* qn) {
+                               int64_t KVH, int64_t D, const int32_t* doc, const QkNorm* qn) {
   if (!active() || (h16 && !bf16)) std::abort();  // (bf16 storage: the bf16 kind only)
-  active()->attn_fwd[bf16 ? 1 + h16 : 0](out, lse, q, k, v, B, T, H, KVH, D, qn);
+  active()->attn_fwd[bf16 ? 1 + h16 : 0](out, lse, q, k, v, B, T, H, KVH, D, doc, qn);
 }
 void attention_backward_kernels(bool bf16, bool h16, float* dq, float* dk, float* dv,
                                 const float* dout, const float* out, const float* lse,
                                 const float* q, const float* k, const float* v, int64_t B,
-                                int64_t T, int64_t H, int64_t KVH, int64_t D, const QkNorm* qn) {
+                                int64_t T, int64_t H, int64_t KVH, int64_t D, const int32_t* doc,
+                                const QkNorm* qn) {
   if (!active() || (h16 && !bf16)) std::abort();
-  active()->attn_bwd[bf16 ? 1 + h16 : 0](dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D, qn);
+  active()->attn_bwd[bf16 ? 1 + h16 : 0](dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D, doc,
+                                         qn);
 }
 
 }  // namespace tq::cpu

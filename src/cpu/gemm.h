@@ -43,6 +43,7 @@ struct QkNorm {
   const void* qkv;  // [B*T, (H + 2 KVH) D]; per kv head g of a row [G query heads | key | value]
   void* dqkv;       // backward: its gradient, overwritten (both in the activations' storage)
   const float *qw, *kw, *cos, *sin;
+  const int32_t* doc;    // null, or block-causal: [B*T], rows at positions t - doc (ops.h)
   float *qrstd, *krstd;  // [B*T, H], [B*T, KVH]: the forward stores them, the backward reads
   float* dw;             // backward: [B * KVH][2 D] per task (q_norm's, then k_norm's) added into
   int64_t T, H, KVH, D;
@@ -68,13 +69,14 @@ struct QkNorm {
 };
 
 // qn null: q, k, v (dq, dk, dv) as given; else they are null and qn says where the rows are.
+// doc: null (causal), or block-causal: query t of a row sees keys doc[t]..t (model/ops.h).
 using AttnFwdFn = void (*)(float* out, float* lse, const float* q, const float* k, const float* v,
                            int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
-                           const QkNorm* qn);
+                           const int32_t* doc, const QkNorm* qn);
 using AttnBwdFn = void (*)(float* dq, float* dk, float* dv, const float* dout, const float* out,
                            const float* lse, const float* q, const float* k, const float* v,
                            int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
-                           const QkNorm* qn);
+                           const int32_t* doc, const QkNorm* qn);
 // What attention's forward saves for its backward besides each query's log-sum-exp: the
 // probabilities P it made, which the backward then reads instead of recomputing the scores
 // and their exps (a W2 layer's backward -17 %, forward +6 %). P grows with T^2, so it is
@@ -84,7 +86,8 @@ using AttnBwdFn = void (*)(float* dq, float* dk, float* dv, const float* dout, c
 // `lse`) holds lse [B, H, T], then from the next 64-byte boundary P: per (sequence, head) its
 // blocks of kAttnQB queries one after another; in the block at q0 of nq queries, row j (each
 // key j < q0 + nq) holds P(query q0 + c, key j) for c in [first(j, q0), nq) (0 where masked),
-// with room for a multiple of 16: fp32, or bf16 bits for the bf16 kind.
+// with room for a multiple of 16: fp32, or bf16 bits for the bf16 kind. Block-causal attention
+// writes (and its backward reads) only the rows from the block's first visible key on.
 constexpr int64_t kAttnQB = 96;  // queries per block: a multiple of every kernel's MR and NR
 class AttnProbs {
  public:
@@ -109,8 +112,9 @@ struct GemmSet {
   GemmSgdFn bf16_sgd;
   GemmDxSgdFn f32_dx_sgd;     // gemm_f32_dx_sgd
   GemmDxSgd16Fn bf16_dx_sgd;  // gemm_bf16_dx_sgd
-  // causal attention (cpu/attention_driver.h): [0] f32, [1] bf16 kind, [2] bf16 kind with its
-  // activations (q, k, v, out and their gradients) in bf16 storage (the pointers hold uint16_t)
+  // causal or block-causal attention (cpu/attention_driver.h): [0] f32, [1] bf16 kind, [2] bf16
+  // kind with its activations (q, k, v, out and their gradients) in bf16 storage (the pointers
+  // hold uint16_t)
   AttnFwdFn attn_fwd[3];
   AttnBwdFn attn_bwd[3];
 };
@@ -171,17 +175,19 @@ void gemm_f32_dx_sgd(int64_t M, int64_t OC, int64_t IC, const float* dout, const
 void gemm_bf16_dx_sgd(int64_t M, int64_t OC, int64_t IC, View dout, View doutT, View x, uint16_t* W,
                       void* dx, Store st, float lr);
 
-// Causal attention of cpu/layers.h on these kernels (bf16: the bf16 kind's products, P and dS
+// Attention of cpu/layers.h on these kernels (bf16: the bf16 kind's products, P and dS
 // rounded to bf16 as they are made, and out, dq, dk, dv stored rounded to bf16; h16: with
 // every activation in bf16 storage, GemmSet::attn_fwd[2]). lse: a stats buffer (AttnProbs).
+// doc: null (causal) or block-causal (model/ops.h).
 void attention_forward_kernels(bool bf16, bool h16, float* out, float* lse, const float* q,
                                const float* k, const float* v, int64_t B, int64_t T, int64_t H,
-                               int64_t KVH, int64_t D, const QkNorm* qn = nullptr);
+                               int64_t KVH, int64_t D, const int32_t* doc = nullptr,
+                               const QkNorm* qn = nullptr);
 void attention_backward_kernels(bool bf16, bool h16, float* dq, float* dk, float* dv,
                                 const float* dout, const float* out, const float* lse,
                                 const float* q, const float* k, const float* v, int64_t B,
                                 int64_t T, int64_t H, int64_t KVH, int64_t D,
-                                const QkNorm* qn = nullptr);
+                                const int32_t* doc = nullptr, const QkNorm* qn = nullptr);
 
 // The per-instruction-set kernels behind gemm_set (gemm_avx512.cpp, gemm_avx2.cpp): compiled
 // for those instructions, they fault on CPUs without them.

@@ -318,24 +318,29 @@ static inline void rope_row(float* o, const E* xi, const float* c, const float* 
     o[e + D2] = x2 * c[e] + x1 * se;
   }
 }
+// The RoPE position of token n = b T + t: t, or with block-causal attention t - doc[n] (its
+// place in its document; model/ops.h).
+static inline int64_t rope_pos(const int32_t* doc, int64_t n, int64_t T) {
+  return doc ? n % T - doc[n] : n % T;
+}
 static void rope_apply(float* out, const float* x, const float* cos, const float* sin, int64_t B,
-                       int64_t T, int64_t NH, int64_t D, float sign) {
+                       int64_t T, int64_t NH, int64_t D, float sign, const int32_t* doc) {
   const int64_t D2 = D / 2;
 #pragma omp parallel for collapse(2) schedule(static) if (B * T * NH * D > 65536)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < NH; ++h) {
-        const int64_t base = ((b * T + t) * NH + h) * D;
-        rope_row(out + base, x + base, cos + t * D2, sin + t * D2, D2, sign);
+        const int64_t base = ((b * T + t) * NH + h) * D, p = rope_pos(doc, b * T + t, T);
+        rope_row(out + base, x + base, cos + p * D2, sin + p * D2, D2, sign);
       }
 }
 void rope_forward(float* out, const float* x, const float* cos, const float* sin, int64_t B,
-                  int64_t T, int64_t NH, int64_t D) {
-  rope_apply(out, x, cos, sin, B, T, NH, D, 1.0f);
+                  int64_t T, int64_t NH, int64_t D, const int32_t* doc) {
+  rope_apply(out, x, cos, sin, B, T, NH, D, 1.0f, doc);
 }
 void rope_backward(float* dx, const float* dout, const float* cos, const float* sin, int64_t B,
-                   int64_t T, int64_t NH, int64_t D) {
-  rope_apply(dx, dout, cos, sin, B, T, NH, D, -1.0f);
+                   int64_t T, int64_t NH, int64_t D, const int32_t* doc) {
+  rope_apply(dx, dout, cos, sin, B, T, NH, D, -1.0f, doc);
 }
 
 constexpr int64_t kAhead = 256, kStep = 64;  // floats: fetch distance, and the run per fetch
@@ -472,32 +477,38 @@ inline void grad_out(E* out, __m512 dw[8], const float* gr, const E* in, float r
   }
 }
 // A head's rows as qkn_rows and qkn_grads walk them, RB at a time: each part over the batch
-// before the next (hot, a row's forward 43 -> 23 ns, its gradient 36 -> 28 ns in bf16 storage)
+// before the next (hot, a row's forward 43 -> 23 ns, its gradient 36 -> 28 ns in bf16 storage).
+// Row t's tables at cos + p * 64: p = t, or t - ds[t] with block-causal positions (QknRows).
 constexpr int64_t RB = 8;
 template <class E>
 inline void rows(E* out, const E* in, int64_t R, float* rs, int64_t rstride, bool fresh, double eps,
-                 const float* w, const float* cos, const float* sin, int64_t n, bool rnd) {
+                 const float* w, const float* cos, const float* sin, const int32_t* ds, int64_t n,
+                 bool rnd) {
   for (int64_t t0 = 0; t0 < n; t0 += RB) {
     const int64_t e = t0 + RB < n ? t0 + RB : n;
     if (fresh)
       for (int64_t t = t0; t < e; ++t) rs[t * rstride] = rstd(in + t * R, eps);
-    for (int64_t t = t0; t < e; ++t)
-      row(out + t * 128, in + t * R, rs[t * rstride], w, cos + t * 64, sin + t * 64, rnd);
+    for (int64_t t = t0; t < e; ++t) {
+      const int64_t p = ds ? t - ds[t] : t;
+      row(out + t * 128, in + t * R, rs[t * rstride], w, cos + p * 64, sin + p * 64, rnd);
+    }
   }
 }
 template <class E>
 inline void grads(E* out, const E* in, int64_t R, const float* g, const float* rs, int64_t rstride,
-                  const float* w, const float* cos, const float* sin, int64_t n, bool rnd,
-                  float* dw) {
+                  const float* w, const float* cos, const float* sin, const int32_t* ds, int64_t n,
+                  bool rnd, float* dw) {
   alignas(64) float gr[RB][128];
   float dot[RB];
   __m512 dwv[8];
   for (int k = 0; k < 8; ++k) dwv[k] = _mm512_loadu_ps(dw + 16 * k);
   for (int64_t t0 = 0; t0 < n; t0 += RB) {
     const int64_t e = t0 + RB < n ? t0 + RB : n;
-    for (int64_t t = t0; t < e; ++t)
-      dot[t - t0] = grad_dot(gr[t - t0], g + t * 128, in + t * R, rs[t * rstride], w, cos + t * 64,
-                             sin + t * 64, rnd);
+    for (int64_t t = t0; t < e; ++t) {
+      const int64_t p = ds ? t - ds[t] : t;
+      dot[t - t0] = grad_dot(gr[t - t0], g + t * 128, in + t * R, rs[t * rstride], w, cos + p * 64,
+                             sin + p * 64, rnd);
+    }
     for (int64_t t = t0; t < e; ++t)
       grad_out(out + t * R, dwv, gr[t - t0], in + t * R, rs[t * rstride], dot[t - t0], w, rnd);
   }
@@ -509,10 +520,10 @@ constexpr bool kFastRows = true;
 namespace qk512 {  // (declared only: every use is under if constexpr (kFastRows))
 template <class E>
 void rows(E*, const E*, int64_t, float*, int64_t, bool, double, const float*, const float*,
-          const float*, int64_t, bool);
+          const float*, const int32_t*, int64_t, bool);
 template <class E>
 void grads(E*, const E*, int64_t, const float*, const float*, int64_t, const float*, const float*,
-           const float*, int64_t, bool, float*);
+           const float*, const int32_t*, int64_t, bool, float*);
 }  // namespace qk512
 constexpr bool kFastRows = false;
 #endif
@@ -528,7 +539,7 @@ constexpr bool kFastRows = false;
 template <class E, int DC>
 static void qk_fwd(E* q, E* k, E* v, float* qrstd, float* krstd, const E* qkv, const float* qw,
                    const float* kw, const float* cos, const float* sin, int64_t B, int64_t T,
-                   int64_t H, int64_t KVH, int64_t Dr, double eps, bool rnd) {
+                   int64_t H, int64_t KVH, int64_t Dr, double eps, bool rnd, const int32_t* doc) {
   const int64_t D = DC ? DC : Dr;
   const int64_t G = H / KVH, R = (H + 2 * KVH) * D, D2 = D / 2, N = B * T;
 #pragma omp parallel if (N * R > 16384)
@@ -538,7 +549,7 @@ static void qk_fwd(E* q, E* k, E* v, float* qrstd, float* krstd, const E* qkv, c
     std::vector<float> rs(static_cast<size_t>(G + 1));  // the group's rstd
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      const float *c = cos + (n % T) * D2, *s = sin + (n % T) * D2;
+      const float *c = cos + rope_pos(doc, n, T) * D2, *s = sin + rope_pos(doc, n, T) * D2;
       for (int64_t g = 0; g < KVH; ++g) {
         const E* in = qkv + n * R + g * (G + 2) * D;
         if (n + 1 < N) {  // this group's rows of the next token
@@ -564,12 +575,13 @@ static void qk_fwd(E* q, E* k, E* v, float* qrstd, float* krstd, const E* qkv, c
 void qk_norm_rope_forward(float* q, float* k, float* v, float* qrstd, float* krstd,
                           const float* qkv, const float* qw, const float* kw, const float* cos,
                           const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
-                          double eps, bool rnd, bool h16) {
+                          double eps, bool rnd, bool h16, const int32_t* doc) {
   const auto b16 = [](auto* p) { return reinterpret_cast<uint16_t*>(p); };
   const auto run = [&](auto f32, auto f16) {
-    if (!h16) return f32(q, k, v, qrstd, krstd, qkv, qw, kw, cos, sin, B, T, H, KVH, D, eps, rnd);
+    if (!h16)
+      return f32(q, k, v, qrstd, krstd, qkv, qw, kw, cos, sin, B, T, H, KVH, D, eps, rnd, doc);
     f16(b16(q), b16(k), b16(v), qrstd, krstd, reinterpret_cast<const uint16_t*>(qkv), qw, kw, cos,
-        sin, B, T, H, KVH, D, eps, rnd);
+        sin, B, T, H, KVH, D, eps, rnd, doc);
   };
   if (D == 128) return run(qk_fwd<float, 128>, qk_fwd<uint16_t, 128>);
   run(qk_fwd<float, 0>, qk_fwd<uint16_t, 0>);
@@ -578,7 +590,7 @@ template <class E, int DC>  // (DC as in qk_fwd)
 static void qk_bwd(E* dqkv, float* dqw, float* dkw, const E* dq, const E* dk, const E* dv,
                    const E* qkv, const float* qrstd, const float* krstd, const float* qw,
                    const float* kw, const float* cos, const float* sin, int64_t B, int64_t T,
-                   int64_t H, int64_t KVH, int64_t Dr, bool rnd) {
+                   int64_t H, int64_t KVH, int64_t Dr, bool rnd, const int32_t* doc) {
   const int64_t D = DC ? DC : Dr;
   const int64_t G = H / KVH, R = (H + 2 * KVH) * D, D2 = D / 2, N = B * T;
   // dqw and dkw summed per chunk of kNormRows q rows (k rows), as RMSNorm's dw sums the model's
@@ -592,7 +604,7 @@ static void qk_bwd(E* dqkv, float* dqw, float* dkw, const E* dq, const E* dk, co
 #pragma omp for schedule(dynamic)
     for (int64_t b = 0; b < nb; ++b) {
       for (int64_t n = b * kNormRows; n < std::min(N, (b + 1) * kNormRows); ++n) {
-        const float *c = cos + (n % T) * D2, *s = sin + (n % T) * D2;
+        const float *c = cos + rope_pos(doc, n, T) * D2, *s = sin + rope_pos(doc, n, T) * D2;
         for (int64_t g = 0; g < KVH; ++g) {
           const E* in = qkv + n * R + g * (G + 2) * D;
           E* out = dqkv + n * R + g * (G + 2) * D;
@@ -626,14 +638,14 @@ void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq,
                            const float* dv, const float* qkv, const float* qrstd,
                            const float* krstd, const float* qw, const float* kw, const float* cos,
                            const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH,
-                           int64_t D, bool rnd, bool h16) {
+                           int64_t D, bool rnd, bool h16, const int32_t* doc) {
   const auto b16 = [](const float* p) { return reinterpret_cast<const uint16_t*>(p); };
   const auto run = [&](auto f32, auto f16) {
     if (!h16)
       return f32(dqkv, dqw, dkw, dq, dk, dv, qkv, qrstd, krstd, qw, kw, cos, sin, B, T, H, KVH, D,
-                 rnd);
+                 rnd, doc);
     f16(reinterpret_cast<uint16_t*>(dqkv), dqw, dkw, b16(dq), b16(dk), b16(dv), b16(qkv), qrstd,
-        krstd, qw, kw, cos, sin, B, T, H, KVH, D, rnd);
+        krstd, qw, kw, cos, sin, B, T, H, KVH, D, rnd, doc);
   };
   if (D == 128) return run(qk_bwd<float, 128>, qk_bwd<uint16_t, 128>);
   run(qk_bwd<float, 0>, qk_bwd<uint16_t, 0>);
@@ -645,6 +657,9 @@ void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq,
 struct QknRows {  // where rows t0.. of sequence b's head h lie (h as in QkNorm::rows)
   int64_t at, R, rstride, D2;
   const float *w, *cos, *sin;
+  // block-causal: ds[t] the document start of row t (at position t0 + t, which is t - ds[t]
+  // rows of the tables after cos), else null (at t0 + t)
+  const int32_t* ds;
   float* rstd;
   QknRows(const QkNorm& qn, int64_t b, int64_t h, int64_t t0) {
     const int64_t H = qn.H, KVH = qn.KVH, T = qn.T;
@@ -655,32 +670,37 @@ struct QknRows {  // where rows t0.. of sequence b's head h lie (h as in QkNorm:
     rstd = key ? qn.krstd + (b * T + t0) * KVH + (h - H) : qn.qrstd + (b * T + t0) * H + h;
     w = key ? qn.kw : qn.qw;
     cos = qn.cos + t0 * D2, sin = qn.sin + t0 * D2;
+    ds = qn.doc ? qn.doc + b * T + t0 : nullptr;
   }
 };
 // A head's n rows, R elements apart in the projection (in, and out for the gradients), their
-// rstd rstride apart, cos and sin rows D/2 apart: by the row code above, one row after another.
+// rstd rstride apart, cos and sin rows D/2 apart (row t's at t, or t - ds[t]: QknRows): by the
+// row code above, one row after another.
 template <class E, int DC>
 static void head_rows(E* out, const E* in, int64_t R, float* rs, int64_t rstride, bool fresh,
-                      double eps, const float* w, const float* cos, const float* sin, int64_t Dr,
-                      int64_t n, bool rnd) {
+                      double eps, const float* w, const float* cos, const float* sin,
+                      const int32_t* ds, int64_t Dr, int64_t n, bool rnd) {
   const int64_t D = DC ? DC : Dr, D2 = D / 2;
   std::vector<float> y(static_cast<size_t>(2 * D));
   for (int64_t t = 0; t < n; ++t) {
     const E* r = in + t * R;
+    const int64_t p = ds ? t - ds[t] : t;
     if (fresh) rs[t * rstride] = rms_rstd(r, D, eps);
-    qk_row<E, DC>(out + t * D, r, rs[t * rstride], w, cos + t * D2, sin + t * D2, D, rnd, y.data(),
+    qk_row<E, DC>(out + t * D, r, rs[t * rstride], w, cos + p * D2, sin + p * D2, D, rnd, y.data(),
                   y.data() + D);
   }
 }
 template <class E, int DC>
 static void head_grads(E* out, const E* in, int64_t R, const float* g, const float* rs,
                        int64_t rstride, const float* w, const float* cos, const float* sin,
-                       int64_t Dr, int64_t n, bool rnd, float* dw) {
+                       const int32_t* ds, int64_t Dr, int64_t n, bool rnd, float* dw) {
   const int64_t D = DC ? DC : Dr, D2 = D / 2;
   std::vector<float> gr(static_cast<size_t>(D));
-  for (int64_t t = 0; t < n; ++t)
-    qk_row_backward<E, DC>(out + t * R, dw, g + t * D, in + t * R, rs[t * rstride], w, cos + t * D2,
-                           sin + t * D2, D, rnd, gr.data());
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t p = ds ? t - ds[t] : t;
+    qk_row_backward<E, DC>(out + t * R, dw, g + t * D, in + t * R, rs[t * rstride], w, cos + p * D2,
+                           sin + p * D2, D, rnd, gr.data());
+  }
 }
 template <class E, int DC>
 static void qkn_rows(const QkNorm& qn, void* dst, int64_t b, int64_t h, int64_t t0, int64_t n,
@@ -689,9 +709,9 @@ static void qkn_rows(const QkNorm& qn, void* dst, int64_t b, int64_t h, int64_t 
   const E* in = static_cast<const E*>(qn.qkv) + w.at;
   E* out = static_cast<E*>(dst);
   if constexpr (kFastRows && DC == 128)
-    return qk512::rows(out, in, w.R, w.rstd, w.rstride, fresh, qn.eps, w.w, w.cos, w.sin, n,
+    return qk512::rows(out, in, w.R, w.rstd, w.rstride, fresh, qn.eps, w.w, w.cos, w.sin, w.ds, n,
                        qn.rnd);
-  head_rows<E, DC>(out, in, w.R, w.rstd, w.rstride, fresh, qn.eps, w.w, w.cos, w.sin, qn.D, n,
+  head_rows<E, DC>(out, in, w.R, w.rstd, w.rstride, fresh, qn.eps, w.w, w.cos, w.sin, w.ds, qn.D, n,
                    qn.rnd);
 }
 template <class E, int DC>
@@ -701,8 +721,9 @@ static void qkn_grads(const QkNorm& qn, const float* g, int64_t b, int64_t h, in
   const E* in = static_cast<const E*>(qn.qkv) + w.at;
   E* out = static_cast<E*>(qn.dqkv) + w.at;
   if constexpr (kFastRows && DC == 128)
-    return qk512::grads(out, in, w.R, g, w.rstd, w.rstride, w.w, w.cos, w.sin, n, qn.rnd, dw);
-  head_grads<E, DC>(out, in, w.R, g, w.rstd, w.rstride, w.w, w.cos, w.sin, qn.D, n, qn.rnd, dw);
+    return qk512::grads(out, in, w.R, g, w.rstd, w.rstride, w.w, w.cos, w.sin, w.ds, n, qn.rnd, dw);
+  head_grads<E, DC>(out, in, w.R, g, w.rstd, w.rstride, w.w, w.cos, w.sin, w.ds, qn.D, n, qn.rnd,
+                    dw);
 }
 bool qk_rows_for_tests(bool fast, bool h16, void* out, const void* in, int64_t R, float* rstd,
                        bool fresh, const float* w, const float* cos, const float* sin, int64_t n,
@@ -710,9 +731,9 @@ bool qk_rows_for_tests(bool fast, bool h16, void* out, const void* in, int64_t R
   if (fast && !kFastRows) return false;
   const auto run = [&](auto* o, const auto* x) {
     if constexpr (kFastRows)
-      if (fast) return qk512::rows(o, x, R, rstd, 1, fresh, 1e-6, w, cos, sin, n, rnd);
+      if (fast) return qk512::rows(o, x, R, rstd, 1, fresh, 1e-6, w, cos, sin, nullptr, n, rnd);
     using E = std::remove_pointer_t<decltype(o)>;
-    head_rows<E, 128>(o, x, R, rstd, 1, fresh, 1e-6, w, cos, sin, 128, n, rnd);
+    head_rows<E, 128>(o, x, R, rstd, 1, fresh, 1e-6, w, cos, sin, nullptr, 128, n, rnd);
   };
   if (h16)
     run(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(in));
@@ -726,9 +747,9 @@ bool qk_grads_for_tests(bool fast, bool h16, void* out, const void* in, int64_t 
   if (fast && !kFastRows) return false;
   const auto run = [&](auto* o, const auto* x) {
     if constexpr (kFastRows)
-      if (fast) return qk512::grads(o, x, R, g, rstd, 1, w, cos, sin, n, rnd, dw);
+      if (fast) return qk512::grads(o, x, R, g, rstd, 1, w, cos, sin, nullptr, n, rnd, dw);
     using E = std::remove_pointer_t<decltype(o)>;
-    head_grads<E, 128>(o, x, R, g, rstd, 1, w, cos, sin, 128, n, rnd, dw);
+    head_grads<E, 128>(o, x, R, g, rstd, 1, w, cos, sin, nullptr, 128, n, rnd, dw);
   };
   if (h16)
     run(static_cast<uint16_t*>(out), static_cast<const uint16_t*>(in));
@@ -737,11 +758,11 @@ bool qk_grads_for_tests(bool fast, bool h16, void* out, const void* in, int64_t 
   return true;
 }
 static QkNorm qk_norm(const float* qkv, float* dqkv, const float* qw, const float* kw,
-                      const float* cos, const float* sin, float* qrstd, float* krstd, float* dw,
-                      int64_t T, int64_t H, int64_t KVH, int64_t D, double eps, bool rnd,
-                      bool h16) {
-  QkNorm qn{qkv, dqkv, qw,  kw, cos, sin, qrstd,   krstd,  dw,
-            T,   H,    KVH, D,  eps, rnd, nullptr, nullptr};
+                      const float* cos, const float* sin, const int32_t* doc, float* qrstd,
+                      float* krstd, float* dw, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                      double eps, bool rnd, bool h16) {
+  QkNorm qn{qkv, dqkv, qw, kw,  cos, sin, doc, qrstd,   krstd,
+            dw,  T,    H,  KVH, D,   eps, rnd, nullptr, nullptr};
   if (D == 128) {
     qn.rows = h16 ? qkn_rows<uint16_t, 128> : qkn_rows<float, 128>;
     qn.grads = h16 ? qkn_grads<uint16_t, 128> : qkn_grads<float, 128>;
@@ -755,23 +776,25 @@ static QkNorm qk_norm(const float* qkv, float* dqkv, const float* qw, const floa
 void attention_qkn_forward(float* out, float* stats, float* qrstd, float* krstd, const float* qkv,
                            const float* qw, const float* kw, const float* cos, const float* sin,
                            int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, double eps,
-                           bool bf16, bool h16) {
-  const QkNorm qn =
-      qk_norm(qkv, nullptr, qw, kw, cos, sin, qrstd, krstd, nullptr, T, H, KVH, D, eps, bf16, h16);
-  attention_forward_kernels(bf16, h16, out, stats, nullptr, nullptr, nullptr, B, T, H, KVH, D, &qn);
+                           bool bf16, bool h16, const int32_t* doc) {
+  const QkNorm qn = qk_norm(qkv, nullptr, qw, kw, cos, sin, doc, qrstd, krstd, nullptr, T, H, KVH,
+                            D, eps, bf16, h16);
+  attention_forward_kernels(bf16, h16, out, stats, nullptr, nullptr, nullptr, B, T, H, KVH, D, doc,
+                            &qn);
 }
 void attention_qkn_backward(float* dqkv, float* dqw, float* dkw, const float* dout,
                             const float* out, const float* stats, const float* qkv,
                             const float* qrstd, const float* krstd, const float* qw,
                             const float* kw, const float* cos, const float* sin, int64_t B,
-                            int64_t T, int64_t H, int64_t KVH, int64_t D, bool bf16, bool h16) {
+                            int64_t T, int64_t H, int64_t KVH, int64_t D, bool bf16, bool h16,
+                            const int32_t* doc) {
   // the norm weights' gradients per task, summed in task order: the same for any thread count
   std::vector<float> part(size_t(B * KVH * 2 * D), 0.0f);
   // (the rstd are only read: rows() is called with fresh false)
-  const QkNorm qn = qk_norm(qkv, dqkv, qw, kw, cos, sin, const_cast<float*>(qrstd),
+  const QkNorm qn = qk_norm(qkv, dqkv, qw, kw, cos, sin, doc, const_cast<float*>(qrstd),
                             const_cast<float*>(krstd), part.data(), T, H, KVH, D, 0.0, bf16, h16);
   attention_backward_kernels(bf16, h16, nullptr, nullptr, nullptr, dout, out, stats, nullptr,
-                             nullptr, nullptr, B, T, H, KVH, D, &qn);
+                             nullptr, nullptr, B, T, H, KVH, D, doc, &qn);
   for (int64_t t = 0; t < B * KVH; ++t)
     for (int64_t e = 0; e < D; ++e)
       dqw[e] += part[size_t(t * 2 * D + e)], dkw[e] += part[size_t(t * 2 * D + D + e)];
@@ -781,38 +804,43 @@ static inline float dot(const float* a, const float* b, int64_t D) {
   return lane_sum(D, [=](int64_t e) { return a[e] * b[e]; });
 }
 
-// Causal attention. With our kernels: cpu/attention_driver.h. The portable path (OpenBLAS):
-// blocks of kQB query rows, with S = Q Kᵀ, O = P V and every backward product as one
-// single-threaded product over just the keys the block can see: key blocks the mask hides
-// entirely are never computed (about half of a dense T x T product). The G query heads that
-// share a kv head are stacked into one block of G x m rows.
+// Causal and block-causal attention. With our kernels: cpu/attention_driver.h. The portable
+// path (OpenBLAS): blocks of kQB query rows, with S = Q Kᵀ, O = P V and every backward product
+// as one single-threaded product over just the keys the block can see: key blocks the mask
+// hides entirely are never computed (about half of a dense T x T product; block-causal, also
+// the keys before the block's first query's document). The G query heads that share a kv head
+// are stacked into one block of G x m rows.
 constexpr int64_t kQB = 64;
 
-// Probabilities P = softmax(scale Q Kᵀ) of a stacked block into s [G*m, e]: row g*m + r is
-// head g's query i0 + r (its lse at lse[g*T + r]), zero where masked. lse_new (forward)
+// Probabilities P = softmax(scale Q Kᵀ) of a stacked block over keys k0..k0+e-1 into
+// s [G*m, e]: row g*m + r is head g's query i0 + r (its lse at lse[g*T + r]), zero where
+// masked (block-causal: ds[r] the first key query i0 + r sees, k0 <= ds[r]). lse_new (forward)
 // receives each row's log-sum-exp; lse_old (backward) is the saved one P is rebuilt from.
 static void block_probs(float* s, const float* qs, const float* kp, int64_t i0, int64_t m,
                         int64_t G, int64_t e, int64_t ldk, int64_t D, int64_t T, float* lse_new,
-                        const float* lse_old) {
+                        const float* lse_old, int64_t k0, const int32_t* ds) {
   const float scale = 1.0f / std::sqrt(float(D));
   sgemm(false, true, G * m, e, D, scale, qs, D, kp, ldk, 0.0f, s, e);
   for (int64_t gr = 0; gr < G * m; ++gr) {
     const int64_t g = gr / m, r = gr % m;
+    // keys j0..n-1 (of k0..) visible: from its document's start to itself
+    const int64_t j0 = ds ? ds[r] - k0 : 0, n = i0 + r + 1 - k0;
     float* row = s + gr * e;
-    const int64_t n = i0 + r + 1;  // keys 0..i visible
+    float* vis = row + j0;
     if (lse_old) {
       const float l = lse_old[g * T + r];
 #pragma omp simd
-      for (int64_t j = 0; j < n; ++j) row[j] = vexp(row[j] - l);
+      for (int64_t j = 0; j < n - j0; ++j) vis[j] = vexp(vis[j] - l);
     } else {
-      const float mx = lane_max(row, n);
+      const float mx = lane_max(vis, n - j0);
 #pragma omp simd
-      for (int64_t j = 0; j < n; ++j) row[j] = vexp(row[j] - mx);
-      const float sum = lane_sum(n, [row](int64_t j) { return row[j]; });
+      for (int64_t j = 0; j < n - j0; ++j) vis[j] = vexp(vis[j] - mx);
+      const float sum = lane_sum(n - j0, [vis](int64_t j) { return vis[j]; });
       const float inv = 1.0f / sum;
-      for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+      for (int64_t j = 0; j < n - j0; ++j) vis[j] *= inv;
       lse_new[g * T + r] = mx + std::log(sum);
     }
+    std::fill(row, vis, 0.0f);
     std::fill(row + n, row + e, 0.0f);
   }
 }
@@ -830,7 +858,8 @@ static void unstack_heads(float* x, const float* src, int64_t m, int64_t G, int6
 }
 
 static void attention_fwd(float* out, float* lse, const float* q, const float* k, const float* v,
-                          int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
+                          int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                          const int32_t* doc) {
   const int64_t G = H / KVH, nqb = (T + kQB - 1) / kQB;
 #pragma omp parallel
   {
@@ -839,13 +868,16 @@ static void attention_fwd(float* out, float* lse, const float* q, const float* k
     for (int64_t b = 0; b < B; ++b)
       for (int64_t g = 0; g < KVH; ++g)
         for (int64_t qb = 0; qb < nqb; ++qb) {
-          const int64_t i0 = qb * kQB, m = std::min(kQB, T - i0), e = i0 + m;
-          const float* kp = k + (b * T * KVH + g) * D;  // key row j at kp + j*KVH*D
-          const float* vp = v + (b * T * KVH + g) * D;
+          const int64_t i0 = qb * kQB, m = std::min(kQB, T - i0);
+          // keys k0..k0+e-1: to the last query's, from the first query's document's start
+          const int32_t* ds = doc ? doc + b * T + i0 : nullptr;
+          const int64_t k0 = ds ? ds[0] : 0, e = i0 + m - k0;
+          const float* kp = k + ((b * T + k0) * KVH + g) * D;  // key row k0 + j at kp + j*KVH*D
+          const float* vp = v + ((b * T + k0) * KVH + g) * D;
           const int64_t row0 = ((b * T + i0) * H + g * G) * D;  // head g*G's query i0
           stack_heads(qs.data(), q + row0, m, G, H, D);
           block_probs(s.data(), qs.data(), kp, i0, m, G, e, KVH * D, D, T,
-                      lse + (b * H + g * G) * T + i0, nullptr);
+                      lse + (b * H + g * G) * T + i0, nullptr, k0, ds);
           sgemm(false, false, G * m, D, e, 1.0f, s.data(), e, vp, KVH * D, 0.0f, os.data(), D);
           unstack_heads(out + row0, os.data(), m, G, H, D);
         }
@@ -854,7 +886,8 @@ static void attention_fwd(float* out, float* lse, const float* q, const float* k
 
 static void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const float* out,
                           const float* lse, const float* q, const float* k, const float* v,
-                          int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
+                          int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                          const int32_t* doc) {
   const int64_t G = H / KVH, nqb = (T + kQB - 1) / kQB;
   const float scale = 1.0f / std::sqrt(float(D));
   // One task per (sequence, kv head): it owns that head's dk/dv rows, so no races.
@@ -871,17 +904,20 @@ static void attention_bwd(float* dq, float* dk, float* dv, const float* dout, co
           std::fill_n(dv + kv0 + j * ldk, D, 0.0f);
         }
         for (int64_t qb = 0; qb < nqb; ++qb) {
-          const int64_t i0 = qb * kQB, m = std::min(kQB, T - i0), e = i0 + m, M = G * m;
+          const int64_t i0 = qb * kQB, m = std::min(kQB, T - i0), M = G * m;
+          // keys k0..k0+e-1 (as in attention_fwd), their rows from kj
+          const int32_t* dst = doc ? doc + b * T + i0 : nullptr;
+          const int64_t k0 = dst ? dst[0] : 0, e = i0 + m - k0, kj = kv0 + k0 * ldk;
           const int64_t row0 = ((b * T + i0) * H + g * G) * D;
           stack_heads(qs.data(), q + row0, m, G, H, D);
           stack_heads(dos.data(), dout + row0, m, G, H, D);
           for (int64_t gr = 0; gr < M; ++gr)  // rowsum(dO O) per stacked row
             rowdot[gr] = dot(dos.data() + gr * D, out + row0 + ((gr % m) * H + gr / m) * D, D);
-          block_probs(p.data(), qs.data(), k + kv0, i0, m, G, e, ldk, D, T, nullptr,
-                      lse + (b * H + g * G) * T + i0);
+          block_probs(p.data(), qs.data(), k + kj, i0, m, G, e, ldk, D, T, nullptr,
+                      lse + (b * H + g * G) * T + i0, k0, dst);
           // dV += Pᵀ dO;  dP = dO Vᵀ
-          sgemm(true, false, e, D, M, 1.0f, p.data(), e, dos.data(), D, 1.0f, dv + kv0, ldk);
-          sgemm(false, true, M, e, D, 1.0f, dos.data(), D, v + kv0, ldk, 0.0f, ds.data(), e);
+          sgemm(true, false, e, D, M, 1.0f, p.data(), e, dos.data(), D, 1.0f, dv + kj, ldk);
+          sgemm(false, true, M, e, D, 1.0f, dos.data(), D, v + kj, ldk, 0.0f, ds.data(), e);
           // dS = P (dP - rowsum(dO O)) scale; masked entries have P = 0
           for (int64_t gr = 0; gr < M; ++gr) {
             const float d = rowdot[gr];
@@ -890,9 +926,9 @@ static void attention_bwd(float* dq, float* dk, float* dv, const float* dout, co
             for (int64_t j = 0; j < e; ++j) dsr[j] = pr[j] * (dsr[j] - d) * scale;
           }
           // dQ = dS K;  dK += dSᵀ Q
-          sgemm(false, false, M, D, e, 1.0f, ds.data(), e, k + kv0, ldk, 0.0f, dqs.data(), D);
+          sgemm(false, false, M, D, e, 1.0f, ds.data(), e, k + kj, ldk, 0.0f, dqs.data(), D);
           unstack_heads(dq + row0, dqs.data(), m, G, H, D);
-          sgemm(true, false, e, D, M, 1.0f, ds.data(), e, qs.data(), D, 1.0f, dk + kv0, ldk);
+          sgemm(true, false, e, D, M, 1.0f, ds.data(), e, qs.data(), D, 1.0f, dk + kj, ldk);
         }
       }
   }
@@ -902,27 +938,30 @@ int64_t attention_stats(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
   return own_kernels() ? AttnProbs::stats_floats(B, T, H, KVH, D, bf16) : B * H * T;
 }
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
+                       int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                       const int32_t* doc) {
   if (own_kernels())
-    return attention_forward_kernels(false, false, out, lse, q, k, v, B, T, H, KVH, D);
-  attention_fwd(out, lse, q, k, v, B, T, H, KVH, D);
+    return attention_forward_kernels(false, false, out, lse, q, k, v, B, T, H, KVH, D, doc);
+  attention_fwd(out, lse, q, k, v, B, T, H, KVH, D, doc);
 }
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
-                        int64_t T, int64_t H, int64_t KVH, int64_t D) {
+                        int64_t T, int64_t H, int64_t KVH, int64_t D, const int32_t* doc) {
   if (own_kernels())
     return attention_backward_kernels(false, false, dq, dk, dv, dout, out, lse, q, k, v, B, T, H,
-                                      KVH, D);
-  attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
+                                      KVH, D, doc);
+  attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D, doc);
 }
 void attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
-                            int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool h16) {
-  attention_forward_kernels(true, h16, out, lse, q, k, v, B, T, H, KVH, D);
+                            int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool h16,
+                            const int32_t* doc) {
+  attention_forward_kernels(true, h16, out, lse, q, k, v, B, T, H, KVH, D, doc);
 }
 void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* out,
                              const float* lse, const float* q, const float* k, const float* v,
-                             int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool h16) {
-  attention_backward_kernels(true, h16, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D);
+                             int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool h16,
+                             const int32_t* doc) {
+  attention_backward_kernels(true, h16, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D, doc);
 }
 
 // SwiGLU on fp32 or (E = uint16_t) bf16 storage, fetching as far ahead in bytes; results

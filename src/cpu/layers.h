@@ -66,40 +66,44 @@ void qkv_split_forward(float* q, float* k, float* v, const float* qkv, int64_t N
                        int64_t KVH, int64_t D);
 void qkv_split_backward(float* dqkv, const float* dq, const float* dk, const float* dv, int64_t N,
                         int64_t H, int64_t KVH, int64_t D);
+// doc (here and below): null for causal attention at positions t, or block-causal [B*T]
+// (model/ops.h): the positions t - doc[t]
 void rope_forward(float* out, const float* x, const float* cos, const float* sin, int64_t B,
-                  int64_t T, int64_t NH, int64_t D);
+                  int64_t T, int64_t NH, int64_t D, const int32_t* doc = nullptr);
 void rope_backward(float* dx, const float* dout, const float* cos, const float* sin, int64_t B,
-                   int64_t T, int64_t NH, int64_t D);
+                   int64_t T, int64_t NH, int64_t D, const int32_t* doc = nullptr);
 // qkv_split, rmsnorm (q_norm, k_norm) and rope in one pass (Ops::qk_norm_rope_*); h16: every
 // activation (q, k, v, qkv; dqkv, dq, dk, dv) in bf16 storage (the pointers hold uint16_t)
 void qk_norm_rope_forward(float* q, float* k, float* v, float* qrstd, float* krstd,
                           const float* qkv, const float* qw, const float* kw, const float* cos,
                           const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
-                          double eps, bool rnd, bool h16 = false);
+                          double eps, bool rnd, bool h16 = false, const int32_t* doc = nullptr);
 void qk_norm_rope_backward(float* dqkv, float* dqw, float* dkw, const float* dq, const float* dk,
                            const float* dv, const float* qkv, const float* qrstd,
                            const float* krstd, const float* qw, const float* kw, const float* cos,
                            const float* sin, int64_t B, int64_t T, int64_t H, int64_t KVH,
-                           int64_t D, bool rnd, bool h16 = false);
+                           int64_t D, bool rnd, bool h16 = false, const int32_t* doc = nullptr);
 // lse: the stats the forward saves for the backward, attention_stats(B, T, H, KVH, D, bf16)
 // floats: lse [B, H, T] first (each query's log-sum-exp), then, on our kernels where they are
 // small enough, the probabilities (AttnProbs in cpu/gemm.h; bf16: for the *_bf16 functions)
 int64_t attention_stats(int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, bool bf16);
+// (doc: the mask, query t seeing keys doc[t]..t of its row)
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D);
+                       int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                       const int32_t* doc = nullptr);
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
-                        int64_t T, int64_t H, int64_t KVH, int64_t D);
+                        int64_t T, int64_t H, int64_t KVH, int64_t D, const int32_t* doc = nullptr);
 // The same with bf16 products (P and dS rounded to bf16 as a bf16 PyTorch model does; q, k,
 // v, dout hold bf16 values; out, dq, dk, dv stored rounded to bf16; h16: all of them in bf16
 // storage, the pointers holding uint16_t): only where own_kernels() (gemm.h)
 void attention_forward_bf16(float* out, float* lse, const float* q, const float* k, const float* v,
                             int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
-                            bool h16 = false);
+                            bool h16 = false, const int32_t* doc = nullptr);
 void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout, const float* out,
                              const float* lse, const float* q, const float* k, const float* v,
                              int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
-                             bool h16 = false);
+                             bool h16 = false, const int32_t* doc = nullptr);
 // qk_norm_rope_* and attention_* (bf16: the *_bf16 ones) in one: attention reads the fused
 // projection qkv in place of q, k, v and writes dqkv in place of dq, dk, dv, normalizing and
 // rotating each head's rows as it needs them (the values of the two ops, so the same outputs;
@@ -107,13 +111,13 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
 void attention_qkn_forward(float* out, float* stats, float* qrstd, float* krstd, const float* qkv,
                            const float* qw, const float* kw, const float* cos, const float* sin,
                            int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D, double eps,
-                           bool bf16, bool h16 = false);
+                           bool bf16, bool h16 = false, const int32_t* doc = nullptr);
 void attention_qkn_backward(float* dqkv, float* dqw, float* dkw, const float* dout,
                             const float* out, const float* stats, const float* qkv,
                             const float* qrstd, const float* krstd, const float* qw,
                             const float* kw, const float* cos, const float* sin, int64_t B,
                             int64_t T, int64_t H, int64_t KVH, int64_t D, bool bf16,
-                            bool h16 = false);
+                            bool h16 = false, const int32_t* doc = nullptr);
 // rnd: the output stored rounded to bf16 (bf16 runs)
 void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F, bool rnd);
 void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, int64_t F,

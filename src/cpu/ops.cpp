@@ -4,10 +4,12 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "core/common.h"
 #include "cpu/gemm.h"
@@ -79,6 +81,57 @@ void sgd_update_bf16(uint16_t* w, const uint16_t* g, int64_t n, float lr) {
     w[i] = f32_to_bf16(bf16_to_f32(w[i]) + round_bf16(step * bf16_to_f32(g[i])));
 }
 
+double scale_sum_squares(float* g, int64_t n, float s) {
+  const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
+  std::vector<double> part(static_cast<size_t>(chunks));
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    double sum = 0;
+    const int64_t end = std::min(n, (c + 1) * kNormChunk);
+    for (int64_t i = c * kNormChunk; i < end; ++i) {
+      if (s != 1.f) g[i] *= s;
+      sum += double(g[i]) * double(g[i]);
+    }
+    part[size_t(c)] = sum;
+  }
+  double total = 0;
+  for (double x : part) total += x;
+  return total;
+}
+
+// The update of train/optimizer.h's adamw_step / sgd_step on g * gscale, in one pass that also
+// writes the model's copy (a bf16 run's: rounded), so that neither the clipping nor the copy
+// is a pass of its own over the arenas.
+void optimizer_step(float* p, float* m, float* v, const float* g, int64_t n, const OptimizerStep& s,
+                    void* params, bool bf16) {
+  float* const pf = bf16 ? nullptr : static_cast<float*>(params);
+  uint16_t* const ph = bf16 ? static_cast<uint16_t*>(params) : nullptr;
+  const OptimizerStep st = s;
+  if (st.adamw) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float gi = g[i] * st.gscale;
+      const float mi = m[i] + st.w1 * (gi - m[i]);      // torch's lerp for a weight below 0.5
+      const float vi = v[i] * st.b2 + st.w2 * gi * gi;  // addcmul: value * t1 * t2
+      const float denom = std::sqrt(vi) / st.bc2_sqrt + st.eps;
+      m[i] = mi;
+      v[i] = vi;
+      const float pi = p[i] * st.decay - st.step_size * (mi / denom);
+      p[i] = pi;
+      if (pf) pf[i] = pi;
+      if (ph) ph[i] = f32_to_bf16(pi);
+    }
+  } else {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float pi = p[i] - st.lr * (g[i] * st.gscale);
+      p[i] = pi;
+      if (pf) pf[i] = pi;
+      if (ph) ph[i] = f32_to_bf16(pi);
+    }
+  }
+}
+
 }  // namespace
 
 const Ops& cpu_ops() {
@@ -131,6 +184,8 @@ const Ops& cpu_ops() {
       cpu::rmsnorm_backward_add,
       sgd_update_f32,
       sgd_update_bf16,
+      scale_sum_squares,
+      optimizer_step,
       [] {},
   };
   return ops;

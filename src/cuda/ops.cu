@@ -178,6 +178,67 @@ void sgd_bf16(uint16_t* w, const uint16_t* g, int64_t n, float lr) {
   LAUNCHED("sgd_update_bf16");
 }
 
+// ---- the text trainer's optimizer (train/optimizer.h) ----
+// A block per chunk of kNormChunk values, each thread's share in double, then the block's
+// tree in a fixed order; the chunks summed in order on the host: the same bits every run.
+__global__ void k_scale_sumsq(float* g, int64_t n, float s, double* part) {
+  __shared__ double acc[256];
+  const int64_t begin = int64_t(blockIdx.x) * kNormChunk;
+  const int64_t end = begin + kNormChunk < n ? begin + kNormChunk : n;
+  double sum = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float x = g[i];
+    if (s != 1.f) g[i] = x = __fmul_rn(x, s);
+    sum += double(x) * double(x);
+  }
+  acc[threadIdx.x] = sum;
+  __syncthreads();
+  for (int w = 128; w > 0; w >>= 1) {
+    if (int(threadIdx.x) < w) acc[threadIdx.x] += acc[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) part[blockIdx.x] = acc[0];
+}
+double scale_sum_squares(float* g, int64_t n, float s) {
+  const int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
+  double* part = scratch(2).get<double>(size_t(chunks));
+  k_scale_sumsq<<<unsigned(chunks), 256>>>(g, n, s, part);
+  LAUNCHED("scale_sum_squares");
+  std::vector<double> host(static_cast<size_t>(chunks));
+  check(cudaMemcpy(host.data(), part, host.size() * sizeof(double), cudaMemcpyDeviceToHost),
+        "scale_sum_squares");
+  double total = 0;
+  for (double x : host) total += x;
+  return total;
+}
+__global__ void k_optimizer(float* p, float* m, float* v, const float* g, int64_t n,
+                            OptimizerStep s, float* pf, uint16_t* ph) {
+  GRID_STRIDE(i, n) {
+    const float gi = __fmul_rn(g[i], s.gscale);
+    float pi;
+    if (s.adamw) {
+      const float mi = m[i] + s.w1 * (gi - m[i]);
+      const float vi = v[i] * s.b2 + s.w2 * gi * gi;
+      const float denom = sqrtf(vi) / s.bc2_sqrt + s.eps;
+      m[i] = mi;
+      v[i] = vi;
+      pi = p[i] * s.decay - s.step_size * (mi / denom);
+    } else {
+      pi = p[i] - s.lr * gi;
+    }
+    p[i] = pi;
+    if (pf) pf[i] = pi;
+    if (ph) ph[i] = to_bf16(pi);
+  }
+}
+void optimizer_step(float* p, float* m, float* v, const float* g, int64_t n, const OptimizerStep& s,
+                    void* params, bool bf16) {
+  k_optimizer<<<blocks(n), kThreads>>>(p, m, v, g, n, s,
+                                       bf16 ? nullptr : static_cast<float*>(params),
+                                       bf16 ? static_cast<uint16_t*>(params) : nullptr);
+  LAUNCHED("optimizer_step");
+}
+
 // ---- embedding ----
 __global__ void k_emb_fwd(float* out, const int32_t* tok, const float* E, int64_t N, int64_t C) {
   GRID_STRIDE(i, N * C) out[i] = E[int64_t(tok[i / C]) * C + i % C];
@@ -306,12 +367,14 @@ void qkv_split_backward(float* dqkv, const float* dq, const float* dk, const flo
   LAUNCHED("qkv_split_backward");
 }
 
-// ---- RoPE (rotate half); sign -1 is the backward. out may alias x. ----
+// ---- RoPE (rotate half); sign -1 is the backward. out may alias x. Token n = b T + t is at
+// position t, or block-causal (doc, model/ops.h) t - doc[n]. ----
 __global__ void k_rope(float* out, const float* x, const float* cs, const float* sn, int64_t B,
-                       int64_t T, int64_t NH, int64_t D, float sign) {
+                       int64_t T, int64_t NH, int64_t D, float sign, const int32_t* doc) {
   const int64_t D2 = D / 2;
   GRID_STRIDE(i, B * T * NH * D2) {
-    const int64_t e = i % D2, row = i / D2, t = (row / NH) % T, base = row * D;
+    const int64_t e = i % D2, row = i / D2, n = row / NH, base = row * D;
+    const int64_t t = doc ? n % T - doc[n] : n % T;
     const float c = cs[t * D2 + e], s = sign * sn[t * D2 + e];
     const float x1 = x[base + e], x2 = x[base + e + D2];
     out[base + e] = x1 * c - x2 * s;
@@ -319,25 +382,29 @@ __global__ void k_rope(float* out, const float* x, const float* cs, const float*
   }
 }
 void rope_forward(float* out, const float* x, const float* c, const float* s, int64_t B, int64_t T,
-                  int64_t NH, int64_t D) {
-  k_rope<<<blocks(B * T * NH * D / 2), kThreads>>>(out, x, c, s, B, T, NH, D, 1.0f);
+                  int64_t NH, int64_t D, const int32_t* doc) {
+  k_rope<<<blocks(B * T * NH * D / 2), kThreads>>>(out, x, c, s, B, T, NH, D, 1.0f, doc);
   LAUNCHED("rope_forward");
 }
 void rope_backward(float* dx, const float* dout, const float* c, const float* s, int64_t B,
-                   int64_t T, int64_t NH, int64_t D) {
-  k_rope<<<blocks(B * T * NH * D / 2), kThreads>>>(dx, dout, c, s, B, T, NH, D, -1.0f);
+                   int64_t T, int64_t NH, int64_t D, const int32_t* doc) {
+  k_rope<<<blocks(B * T * NH * D / 2), kThreads>>>(dx, dout, c, s, B, T, NH, D, -1.0f, doc);
   LAUNCHED("rope_backward");
 }
 
-// ---- causal GQA attention: the simple correct path ----
+// ---- causal or block-causal GQA attention: the simple correct path ----
 // A block per (query i, head h, sequence b) walks the visible keys in chunks of kKC: one warp
 // per key for the dot products, then per-thread output columns (D <= 2 * 128). Online softmax
 // forward; backward rebuilds P from the saved lse. dK/dV: a block per (key j, kv head g, b)
-// over the queries that see it (no atomics).
+// over the queries that see it (no atomics). Query i sees keys first_key(doc, ...)..i: 0..i,
+// or block-causal doc[b T + i]..i (model/ops.h).
 constexpr int kAT = 128, kKC = 128, kMaxD = 2 * kAT;
 __device__ inline const float* row(const float* x, int64_t b, int64_t t, int64_t T, int64_t NH,
                                    int64_t h, int64_t D) {
   return x + ((b * T + t) * NH + h) * D;
+}
+__device__ inline int64_t first_key(const int32_t* doc, int64_t b, int64_t i, int64_t T) {
+  return doc ? doc[b * T + i] : 0;
 }
 __device__ inline float warp_dot(const float* a, const float* b, int64_t D) {
   float s = 0;
@@ -346,13 +413,14 @@ __device__ inline float warp_dot(const float* a, const float* b, int64_t D) {
 }
 
 __global__ void k_attn_fwd(float* out, float* lse, const float* q, const float* k, const float* v,
-                           int64_t T, int64_t H, int64_t KVH, int64_t D, float scale) {
+                           int64_t T, int64_t H, int64_t KVH, int64_t D, float scale,
+                           const int32_t* doc) {
   __shared__ float p[kKC], red[32];
   const int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / (H / KVH);
   const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const float* qi = row(q, b, i, T, H, h, D);
   float m = -INFINITY, l = 0, o[2] = {0, 0};
-  for (int64_t j0 = 0; j0 <= i; j0 += kKC) {
+  for (int64_t j0 = first_key(doc, b, i, T); j0 <= i; j0 += kKC) {
     const int64_t nj = (i - j0 + 1) < kKC ? (i - j0 + 1) : kKC;
     for (int64_t jj = warp; jj < nj; jj += nw) {
       const float s = warp_dot(qi, row(k, b, j0 + jj, T, KVH, g, D), D);
@@ -386,17 +454,19 @@ __global__ void k_attn_fwd(float* out, float* lse, const float* q, const float* 
   if (threadIdx.x == 0) lse[(b * H + h) * T + i] = m + logf(l);
 }
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D) {
+                       int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                       const int32_t* doc) {
   if (D > kMaxD) throw Error("CUDA attention: head dim " + std::to_string(D) + " > 256");
   k_attn_fwd<<<dim3(unsigned(T), unsigned(H), unsigned(B)), kAT>>>(out, lse, q, k, v, T, H, KVH, D,
-                                                                   1.0f / sqrtf(float(D)));
+                                                                   1.0f / sqrtf(float(D)), doc);
   LAUNCHED("attention_forward");
 }
 
 // dQ, and rowdot_i = dO_i . O_i (kept for dK/dV): a block per (i, h, b).
 __global__ void k_attn_dq(float* dq, float* rowdot, const float* dout, const float* out,
                           const float* lse, const float* q, const float* k, const float* v,
-                          int64_t T, int64_t H, int64_t KVH, int64_t D, float scale) {
+                          int64_t T, int64_t H, int64_t KVH, int64_t D, float scale,
+                          const int32_t* doc) {
   __shared__ float ds[kKC], red[32];
   const int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / (H / KVH);
   const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -407,7 +477,7 @@ __global__ void k_attn_dq(float* dq, float* rowdot, const float* dout, const flo
   const float l = lse[(b * H + h) * T + i];
   if (threadIdx.x == 0) rowdot[(b * H + h) * T + i] = d;
   float acc[2] = {0, 0};
-  for (int64_t j0 = 0; j0 <= i; j0 += kKC) {
+  for (int64_t j0 = first_key(doc, b, i, T); j0 <= i; j0 += kKC) {
     const int64_t nj = (i - j0 + 1) < kKC ? (i - j0 + 1) : kKC;
     for (int64_t jj = warp; jj < nj; jj += nw) {
       const float s = warp_dot(qi, row(k, b, j0 + jj, T, KVH, g, D), D);
@@ -427,10 +497,12 @@ __global__ void k_attn_dq(float* dq, float* rowdot, const float* dout, const flo
     if (e < D) dq[((b * T + i) * H + h) * D + e] = acc[r];
   }
 }
-// dK_j = sum over heads of the group and queries i >= j of dS_ij Q_i; dV_j = sum P_ij dO_i.
+// dK_j = sum over heads of the group and queries i >= j that see j of dS_ij Q_i; dV_j = sum
+// P_ij dO_i. (Block-causal: those of j's document; the others' P and dS are 0.)
 __global__ void k_attn_dkv(float* dk, float* dv, const float* rowdot, const float* dout,
                            const float* lse, const float* q, const float* k, const float* v,
-                           int64_t T, int64_t H, int64_t KVH, int64_t D, float scale) {
+                           int64_t T, int64_t H, int64_t KVH, int64_t D, float scale,
+                           const int32_t* doc) {
   __shared__ float ps[kKC], ds[kKC];
   const int64_t j = blockIdx.x, g = blockIdx.y, b = blockIdx.z, G = H / KVH;
   const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -445,7 +517,8 @@ __global__ void k_attn_dkv(float* dk, float* dv, const float* rowdot, const floa
         const float s = warp_dot(row(q, b, i, T, H, h, D), kj, D);
         const float dp = warp_dot(row(dout, b, i, T, H, h, D), vj, D);
         if ((threadIdx.x & 31) == 0) {
-          const float p = expf(s * scale - lse[(b * H + h) * T + i]);
+          const bool seen = first_key(doc, b, i, T) <= j;
+          const float p = seen ? expf(s * scale - lse[(b * H + h) * T + i]) : 0.0f;
           ps[ii] = p;
           ds[ii] = p * (dp - rowdot[(b * H + h) * T + i]) * scale;
         }
@@ -472,15 +545,15 @@ __global__ void k_attn_dkv(float* dk, float* dv, const float* rowdot, const floa
 }
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
-                        int64_t T, int64_t H, int64_t KVH, int64_t D) {
+                        int64_t T, int64_t H, int64_t KVH, int64_t D, const int32_t* doc) {
   if (D > kMaxD) throw Error("CUDA attention: head dim " + std::to_string(D) + " > 256");
   const float scale = 1.0f / sqrtf(float(D));
   float* rowdot = scratch(1).get<float>(size_t(B * H * T));
   k_attn_dq<<<dim3(unsigned(T), unsigned(H), unsigned(B)), kAT>>>(dq, rowdot, dout, out, lse, q, k,
-                                                                  v, T, H, KVH, D, scale);
+                                                                  v, T, H, KVH, D, scale, doc);
   LAUNCHED("attention_backward dq");
-  k_attn_dkv<<<dim3(unsigned(T), unsigned(KVH), unsigned(B)), kAT>>>(dk, dv, rowdot, dout, lse, q,
-                                                                     k, v, T, H, KVH, D, scale);
+  k_attn_dkv<<<dim3(unsigned(T), unsigned(KVH), unsigned(B)), kAT>>>(
+      dk, dv, rowdot, dout, lse, q, k, v, T, H, KVH, D, scale, doc);
   LAUNCHED("attention_backward dk dv");
 }
 
@@ -625,6 +698,8 @@ const Ops& device_ops() {
       nullptr,
       sgd_f32,
       sgd_bf16,
+      scale_sum_squares,
+      optimizer_step,
       [] { check(cudaDeviceSynchronize(), "kernels"); },
   };
   return ops;

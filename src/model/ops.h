@@ -14,6 +14,15 @@ struct Act {
   bool bf16 = false;
 };
 
+// One optimizer step's scalars, computed once a step in double and used as fp32
+// (train/optimizer.h: optimizer_scalars).
+struct OptimizerStep {
+  bool adamw;    // else SGD: p -= lr * g
+  float gscale;  // the gradient is scaled by this first (clipping; 1: unclipped)
+  float lr;      // SGD's
+  float decay, w1, b2, w2, step_size, bc2_sqrt, eps;  // AdamW's (train/optimizer.h)
+};
+
 struct Ops {
   std::string name;
   // memory (bytes)
@@ -68,39 +77,43 @@ struct Ops {
                             int64_t);
   void (*qkv_split_backward)(float*, const float*, const float*, const float*, int64_t, int64_t,
                              int64_t, int64_t);
+  // Attention's mask and RoPE's positions: the last argument of rope_*, qk_norm_rope_* and
+  // attention_*, doc [B*T] in the backend's memory, is null for causal attention (query t sees
+  // keys 0..t of its row, at position t), or block-causal (Batch::doc_start, model/qwen3.h):
+  // query t sees keys doc[t]..t, the start of its document on, and its position is t - doc[t].
   void (*rope_forward)(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                       int64_t);
+                       int64_t, const int32_t*);
   void (*rope_backward)(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                        int64_t);
+                        int64_t, const int32_t*);
   // Optional (null: the model runs qkv_split, rmsnorm with q_norm / k_norm and rope, rounding
   // to bf16 after each in bf16 runs): all of that in one pass over the fused projection
   // qkv [N, QKV], rnd doing those roundings, h16 (bf16 runs, see swiglu_forward_bf16) with
   // every activation (qkv, q, k, v and their gradients) in bf16 storage:
-  // forward (q, k, v, qrstd, krstd, qkv, qw, kw, cos, sin, B, T, H, KVH, D, eps, rnd, h16);
+  // forward (q, k, v, qrstd, krstd, qkv, qw, kw, cos, sin, B, T, H, KVH, D, eps, rnd, h16, doc);
   // backward (dqkv, dqw, dkw, dq, dk, dv, qkv, qrstd, krstd, qw, kw, cos, sin, B, T, H, KVH, D,
-  // rnd, h16) overwrites dqkv and adds into dqw, dkw.
+  // rnd, h16, doc) overwrites dqkv and adds into dqw, dkw.
   void (*qk_norm_rope_forward)(float*, float*, float*, float*, float*, const float*, const float*,
                                const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                               int64_t, int64_t, double, bool, bool);
+                               int64_t, int64_t, double, bool, bool, const int32_t*);
   void (*qk_norm_rope_backward)(float*, float*, float*, const float*, const float*, const float*,
                                 const float*, const float*, const float*, const float*,
                                 const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                                int64_t, int64_t, bool, bool);
-  // (out, stats, q, k, v, B, T, H, KVH, D) and (dq, dk, dv, dout, out, stats, q, k, v, ...):
+                                int64_t, int64_t, bool, bool, const int32_t*);
+  // (out, stats, q, k, v, B, T, H, KVH, D, doc) and (dq, dk, dv, dout, out, stats, q, k, v, ...):
   // stats holds what the forward saves for the backward, attention_stats floats (below).
   void (*attention_forward)(float*, float*, const float*, const float*, const float*, int64_t,
-                            int64_t, int64_t, int64_t, int64_t);
+                            int64_t, int64_t, int64_t, int64_t, const int32_t*);
   void (*attention_backward)(float*, float*, float*, const float*, const float*, const float*,
                              const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                             int64_t, int64_t);
+                             int64_t, int64_t, const int32_t*);
   // Optional (null: attention_*): attention with bf16 products, for bf16 runs; out, dq, dk, dv
   // stored rounded to bf16; the last flag (h16): q, k, v, out and their gradients in bf16
   // storage
   void (*attention_forward_bf16)(float*, float*, const float*, const float*, const float*, int64_t,
-                                 int64_t, int64_t, int64_t, int64_t, bool);
+                                 int64_t, int64_t, int64_t, int64_t, bool, const int32_t*);
   void (*attention_backward_bf16)(float*, float*, float*, const float*, const float*, const float*,
                                   const float*, const float*, const float*, int64_t, int64_t,
-                                  int64_t, int64_t, int64_t, bool);
+                                  int64_t, int64_t, int64_t, bool, const int32_t*);
   // Optional (null: B * H * T, each query's log-sum-exp): floats of attention's stats at (B, T,
   // H, KVH, D), for attention_*_bf16 where the flag is set, else attention_* (the CPU's also
   // keeps the probabilities where they are small enough, so that the backward need not
@@ -109,17 +122,17 @@ struct Ops {
   // Optional (null: qk_norm_rope_* or the model's composition, then attention_*): the two in
   // one, attention reading the fused projection in place of q, k, v and writing its gradient
   // in place of dq, dk, dv, so that no q, k, v or gradients of them are kept:
-  // forward (out, stats, qrstd, krstd, qkv, qw, kw, cos, sin, B, T, H, KVH, D, eps, bf16, h16);
-  // backward (dqkv, dqw, dkw, dout, out, stats, qkv, qrstd, krstd, qw, kw, cos, sin, B, T, H,
-  // KVH, D, bf16, h16), adding into dqw, dkw. bf16: a bf16 run's (attention_*_bf16, and the
+  // forward (out, stats, qrstd, krstd, qkv, qw, kw, cos, sin, B, T, H, KVH, D, eps, bf16, h16,
+  // doc); backward (dqkv, dqw, dkw, dout, out, stats, qkv, qrstd, krstd, qw, kw, cos, sin, B, T,
+  // H, KVH, D, bf16, h16, doc), adding into dqw, dkw. bf16: a bf16 run's (attention_*_bf16, and the
   // roundings of qk_norm_rope_*); h16 as there.
   void (*attention_qkn_forward)(float*, float*, float*, float*, const float*, const float*,
                                 const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                                int64_t, int64_t, double, bool, bool);
+                                int64_t, int64_t, double, bool, bool, const int32_t*);
   void (*attention_qkn_backward)(float*, float*, float*, const float*, const float*, const float*,
                                  const float*, const float*, const float*, const float*,
                                  const float*, const float*, const float*, int64_t, int64_t,
-                                 int64_t, int64_t, int64_t, bool, bool);
+                                 int64_t, int64_t, int64_t, bool, bool, const int32_t*);
   // the last flag: store the output rounded to bf16 (bf16 runs)
   void (*swiglu_forward)(float*, const float*, int64_t, int64_t, bool);
   void (*swiglu_backward)(float*, const float*, const float*, int64_t, int64_t, bool);
@@ -149,10 +162,22 @@ struct Ops {
   // w -= lr * g over fp32 arrays, or, for bf16 arrays, as optax computes it in bf16
   void (*sgd_update_f32)(float* w, const float* g, int64_t n, float lr);
   void (*sgd_update_bf16)(uint16_t* w, const uint16_t* g, int64_t n, float lr);
+  // The text trainer's optimizer over fp32 arrays of n (train/optimizer.h has the math):
+  // scale_sum_squares(g, n, s): g *= s (skipped when s is 1), then the sum of g's squares in
+  // double, over chunks of kNormChunk values summed in chunk order (the same bits at any
+  // thread count);
+  // optimizer_step(p, m, v, g, n, step, params, bf16): p (and AdamW's m, v) take the step,
+  // and the new p is also written to the model's parameter arena `params`, rounded to bf16
+  // (round to nearest even) where bf16.
+  double (*scale_sum_squares)(float* g, int64_t n, float s);
+  void (*optimizer_step)(float* p, float* m, float* v, const float* g, int64_t n,
+                         const OptimizerStep& step, void* params, bool bf16);
   // Waits for the work queued so far (a device backend runs kernels asynchronously) and
   // reports its errors; a no-op on the CPU. Step timings and the profiler call it.
   void (*sync)();
 };
+
+constexpr int64_t kNormChunk = 65536;
 
 const Ops& cpu_ops();
 

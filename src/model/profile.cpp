@@ -67,10 +67,18 @@ Cost product(double N, double IC, double OC, double passes, double b) {  // pass
   return {2.0 * passes * N * IC * OC, b};
 }
 // attention over B sequences: 4 D flops a visible query-key pair forward (S and P V), 8 backward
-// (dP, dV, dQ, dK); e: bytes of q, k, v, out, their gradients; rows: head rows read and written
-Cost attention(I64 B, I64 T, I64 H, I64 D, double passes, double e, double rows) {
-  const double pairs = double(B) * double(H) * double(T) * double(T + 1) / 2;
-  return {4.0 * passes * pairs * double(D), e * double(B * T * D) * rows};
+// (dP, dV, dQ, dK); e: bytes of q, k, v, out, their gradients; rows: head rows read and written.
+// The pairs a head sees: causal, each token's t + 1; block-causal (doc, model/ops.h), its
+// t - doc[t] + 1 (doc read back from the backend)
+Cost attention(I64 B, I64 T, I64 H, I64 D, double passes, double e, double rows, Tok doc) {
+  double pairs = double(B) * double(T) * double(T + 1) / 2;
+  if (doc) {
+    std::vector<int32_t> d(size_t(B * T));
+    g_inner->download(d.data(), doc, d.size() * 4);
+    pairs = 0;
+    for (size_t n = 0; n < d.size(); ++n) pairs += double(I64(n) % T - d[n] + 1);
+  }
+  return {4.0 * passes * pairs * double(H) * double(D), e * double(B * T * D) * rows};
 }
 
 }  // namespace
@@ -129,42 +137,44 @@ const Ops& profiled(const Ops& inner) {
     TQ_WRAP(qkv_split_backward, [](Pf, CPf, CPf, CPf, I64 N, I64 H, I64 KVH, I64 D) {
       return bytes(8.0 * N * (H + 2 * KVH) * D);
     });
-    TQ_WRAP(rope_forward, [](Pf, CPf, CPf, CPf, I64 B, I64 T, I64 NH, I64 D) {
+    TQ_WRAP(rope_forward, [](Pf, CPf, CPf, CPf, I64 B, I64 T, I64 NH, I64 D, Tok) {
       return bytes(8.0 * B * T * NH * D);
     });
-    TQ_WRAP(rope_backward, [](Pf, CPf, CPf, CPf, I64 B, I64 T, I64 NH, I64 D) {
+    TQ_WRAP(rope_backward, [](Pf, CPf, CPf, CPf, I64 B, I64 T, I64 NH, I64 D, Tok) {
       return bytes(8.0 * B * T * NH * D);
     });
     TQ_WRAP(qk_norm_rope_forward, [](Pf, Pf, Pf, Pf, Pf, CPf, CPf, CPf, CPf, CPf, I64 B, I64 T,
-                                     I64 H, I64 KVH, I64 D, double, bool, bool h16) {
+                                     I64 H, I64 KVH, I64 D, double, bool, bool h16, Tok) {
       return bytes((h16 ? 4.0 : 8.0) * B * T * (H + 2 * KVH) * D);
     });
     TQ_WRAP(qk_norm_rope_backward, [](Pf, Pf, Pf, CPf, CPf, CPf, CPf, CPf, CPf, CPf, CPf, CPf, CPf,
-                                      I64 B, I64 T, I64 H, I64 KVH, I64 D, bool, bool h16) {
+                                      I64 B, I64 T, I64 H, I64 KVH, I64 D, bool, bool h16, Tok) {
       return bytes((h16 ? 6.0 : 12.0) * B * T * (H + 2 * KVH) * D);
     });
     // head rows: q, k, v and out (forward); those, dout and the gradients of q, k, v (backward)
-    TQ_WRAP(attention_forward, [](Pf, Pf, CPf, CPf, CPf, I64 B, I64 T, I64 H, I64 KVH, I64 D) {
-      return attention(B, T, H, D, 1, 4, 2 * (H + KVH));
-    });
+    TQ_WRAP(attention_forward,
+            [](Pf, Pf, CPf, CPf, CPf, I64 B, I64 T, I64 H, I64 KVH, I64 D, Tok doc) {
+              return attention(B, T, H, D, 1, 4, 2 * (H + KVH), doc);
+            });
     TQ_WRAP(attention_backward,
-            [](Pf, Pf, Pf, CPf, CPf, CPf, CPf, CPf, CPf, I64 B, I64 T, I64 H, I64 KVH, I64 D) {
-              return attention(B, T, H, D, 2, 4, 4 * (H + KVH));
-            });
-    TQ_WRAP(attention_forward_bf16,
-            [](Pf, Pf, CPf, CPf, CPf, I64 B, I64 T, I64 H, I64 KVH, I64 D, bool h16) {
-              return attention(B, T, H, D, 1, h16 ? 2 : 4, 2 * (H + KVH));
-            });
-    TQ_WRAP(attention_backward_bf16,
             [](Pf, Pf, Pf, CPf, CPf, CPf, CPf, CPf, CPf, I64 B, I64 T, I64 H, I64 KVH, I64 D,
-               bool h16) { return attention(B, T, H, D, 2, h16 ? 2 : 4, 4 * (H + KVH)); });
-    TQ_WRAP(attention_qkn_forward,
-            [](Pf, Pf, Pf, Pf, CPf, CPf, CPf, CPf, CPf, I64 B, I64 T, I64 H, I64 KVH, I64 D, double,
-               bool, bool h16) { return attention(B, T, H, D, 1, h16 ? 2 : 4, 2 * (H + KVH)); });
-    TQ_WRAP(attention_qkn_backward, [](Pf, Pf, Pf, CPf, CPf, CPf, CPf, CPf, CPf, CPf, CPf, CPf, CPf,
-                                       I64 B, I64 T, I64 H, I64 KVH, I64 D, bool, bool h16) {
-      return attention(B, T, H, D, 2, h16 ? 2 : 4, 4 * (H + KVH));
+               Tok doc) { return attention(B, T, H, D, 2, 4, 4 * (H + KVH), doc); });
+    TQ_WRAP(attention_forward_bf16,
+            [](Pf, Pf, CPf, CPf, CPf, I64 B, I64 T, I64 H, I64 KVH, I64 D, bool h16, Tok doc) {
+              return attention(B, T, H, D, 1, h16 ? 2 : 4, 2 * (H + KVH), doc);
+            });
+    TQ_WRAP(attention_backward_bf16, [](Pf, Pf, Pf, CPf, CPf, CPf, CPf, CPf, CPf, I64 B, I64 T,
+                                        I64 H, I64 KVH, I64 D, bool h16, Tok doc) {
+      return attention(B, T, H, D, 2, h16 ? 2 : 4, 4 * (H + KVH), doc);
     });
+    TQ_WRAP(attention_qkn_forward, [](Pf, Pf, Pf, Pf, CPf, CPf, CPf, CPf, CPf, I64 B, I64 T, I64 H,
+                                      I64 KVH, I64 D, double, bool, bool h16, Tok doc) {
+      return attention(B, T, H, D, 1, h16 ? 2 : 4, 2 * (H + KVH), doc);
+    });
+    TQ_WRAP(attention_qkn_backward,
+            [](Pf, Pf, Pf, CPf, CPf, CPf, CPf, CPf, CPf, CPf, CPf, CPf, CPf, I64 B, I64 T, I64 H,
+               I64 KVH, I64 D, bool, bool h16,
+               Tok doc) { return attention(B, T, H, D, 2, h16 ? 2 : 4, 4 * (H + KVH), doc); });
     // in [N, 2F] and out [N, F], their gradients backward
     TQ_WRAP(swiglu_forward, [](Pf, CPf, I64 N, I64 F, bool) { return bytes(12.0 * N * F); });
     TQ_WRAP(swiglu_backward, [](Pf, CPf, CPf, I64 N, I64 F, bool) { return bytes(20.0 * N * F); });

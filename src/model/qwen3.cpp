@@ -17,6 +17,17 @@ Batch fixed_batch(int64_t B, int64_t T, int64_t V) {
   return b;
 }
 
+void mark_documents(Batch& b, int32_t eos) {
+  b.doc_start.resize(b.tokens.size());
+  for (int64_t r = 0; r < b.B; ++r) {
+    int32_t start = 0;
+    for (int64_t t = 0; t < b.T; ++t) {
+      if (t > 0 && b.tokens[size_t(r * b.T + t - 1)] == eos) start = int32_t(t);
+      b.doc_start[size_t(r * b.T + t)] = start;
+    }
+  }
+}
+
 void rope_tables(std::vector<float>& cos, std::vector<float>& sin, int64_t T, int64_t D,
                  double theta) {
   const int64_t D2 = D / 2;
@@ -77,13 +88,13 @@ static std::vector<int64_t> scratch_sizes(const Config& c, int64_t B, int64_t T,
                                           bool qkn) {
   const int64_t N = B * T, HD = c.H * c.D, KD = qkn ? 0 : c.KVH * c.D;
   const auto f = [h16](int64_t n) { return floats(n, h16); };  // those stored as bf16 in h16
-  // qkv, tmp, dres, dtmp, dxn, dab, dm, datt, dq, dk, dv, dqr, dkr, tokens, targets, cos, sin
-  // (with qkn no dq, dk, dv, dqr, dkr: KD 0 and QD for dq, dqr)
+  // qkv, tmp, dres, dtmp, dxn, dab, dm, datt, dq, dk, dv, dqr, dkr, tokens, targets, cos, sin,
+  // docs (with qkn no dq, dk, dv, dqr, dkr: KD 0 and QD for dq, dqr)
   const int64_t QD = qkn ? 0 : HD;
-  return {f(N * c.qkv_rows()), N * c.C,    N * c.C,   N * c.C,   N * c.C,
-          f(N * 2 * c.F),      f(N * c.F), f(N * HD), f(N * QD), f(N * KD),
-          f(N * KD),           N * QD,     N * KD,    N,         N,
-          T * c.D / 2,         T * c.D / 2};
+  return {f(N * c.qkv_rows()), N * c.C,     N * c.C,   N * c.C,   N * c.C,
+          f(N * 2 * c.F),      f(N * c.F),  f(N * HD), f(N * QD), f(N * KD),
+          f(N * KD),           N * QD,      N * KD,    N,         N,
+          T * c.D / 2,         T * c.D / 2, N};
 }
 static int64_t sum(const std::vector<int64_t>& v) {
   int64_t s = 0;
@@ -209,14 +220,15 @@ Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& op
   rstdf_ = p, p += N_;
   logits_ = p, p += N_ * cfg.V;
   lse_ce_ = p;
-  float* ids[2];  // tokens, targets: int32 in the backend's memory, as the kernels read them
+  float* ids[3];  // tokens, targets, docs: int32 in the backend's memory, as the kernels read them
   float** sviews[] = {&qkv_, &tmp_, &dres_, &dtmp_, &dxn_,   &dab_,   &dm_,  &datt_, &dq_,
-                      &dk_,  &dv_,  &dqr_,  &dkr_,  &ids[0], &ids[1], &cos_, &sin_};
+                      &dk_,  &dv_,  &dqr_,  &dkr_,  &ids[0], &ids[1], &cos_, &sin_,  &ids[2]};
   const std::vector<int64_t> ss = scratch_sizes(cfg, B, T, bf16_acts_, qkn_);
   p = scratch_;
   for (size_t i = 0; i < ss.size(); ++i) *sviews[i] = p, p += ss[i];
   tokens_ = reinterpret_cast<int32_t*>(ids[0]);
   targets_ = reinterpret_cast<int32_t*>(ids[1]);
+  docs_ = reinterpret_cast<int32_t*>(ids[2]);
   if (dtype == DType::bf16) {
     wbuf_ = p;
     gbuf_ = p + need.wview;
@@ -253,6 +265,12 @@ void Qwen3::get_params(float* host, size_t off, size_t n) const {
 void Qwen3::get_grads(float* host) const {
   if (compact_grads_) throw Error("get_grads: this model keeps gradients only for the fused step");
   download_arena(ops_, host, grads_, 0, layout_.total, dtype_);
+}
+
+void Qwen3::grads_into(float* dst) const {
+  if (compact_grads_) throw Error("grads_into: this model keeps gradients only for the fused step");
+  if (dtype_ == DType::f32) return ops_.copy(dst, static_cast<const float*>(grads_), layout_.total);
+  ops_.bf16_to_f32(dst, static_cast<const uint16_t*>(grads_), int64_t(layout_.total));
 }
 
 size_t Qwen3::gslot(size_t off, size_t n) const {
@@ -360,6 +378,19 @@ double Qwen3::forward(const Batch& batch) {
                 std::to_string(N));
   o.upload(tokens_, batch.tokens.data(), size_t(N) * 4);
   o.upload(targets_, batch.targets.data(), size_t(N) * 4);
+  doc_ = nullptr;
+  if (!batch.doc_start.empty()) {
+    // (the kernels skip the keys before each query's start, and read the positions from it)
+    if (int64_t(batch.doc_start.size()) != N) throw Error("batch's doc_start is not [B*T]");
+    for (int64_t n = 0; n < N; ++n) {
+      const int32_t d = batch.doc_start[size_t(n)], t = int32_t(n % T_);
+      if (d < 0 || d > t || (t > 0 && d < batch.doc_start[size_t(n - 1)]))
+        throw Error("batch's doc_start[" + std::to_string(n) + "] = " + std::to_string(d) +
+                    " is not a document start (0 <= start <= t, never decreasing in a row)");
+    }
+    o.upload(docs_, batch.doc_start.data(), size_t(N) * 4);
+    doc_ = docs_;
+  }
   if (dtype_ == DType::bf16 && o.embedding_forward_bf16)
     o.embedding_forward_bf16(la_[0].res, tokens_,
                              static_cast<const uint16_t*>(params_) + layout_.tok_emb, N, C);
@@ -380,24 +411,24 @@ double Qwen3::forward(const Batch& batch) {
     const float* qkw = weight(w.q_norm, 2 * D);
     if (qkn_) {  // attention reads qkv itself (att rounded by the op in bf16 runs)
       o.attention_qkn_forward(a.att, a.lse, a.qrstd, a.krstd, a.qkv, qkw, qkw + D, cos_, sin_, B_,
-                              T_, H, K, D, c.eps, dtype_ == DType::bf16, h16);
+                              T_, H, K, D, c.eps, dtype_ == DType::bf16, h16, doc_);
     } else {
       if (o.qk_norm_rope_forward) {
         o.qk_norm_rope_forward(a.q, a.k, a.v, a.qrstd, a.krstd, a.qkv, qkw, qkw + D, cos_, sin_, B_,
-                               T_, H, K, D, c.eps, dtype_ == DType::bf16, h16);
+                               T_, H, K, D, c.eps, dtype_ == DType::bf16, h16, doc_);
       } else {  // the split's q, k into backward scratch (free until backward)
         o.qkv_split_forward(dqr_, dkr_, a.v, a.qkv, N, H, K, D);
         o.rmsnorm_forward(a.q, a.qrstd, dqr_, qkw, N * H, D, c.eps);
         o.rmsnorm_forward(a.k, a.krstd, dkr_, qkw + D, N * K, D, c.eps);
         rb(a.q, N * H * D), rb(a.k, N * K * D);
-        o.rope_forward(a.q, a.q, cos_, sin_, B_, T_, H, D);
-        o.rope_forward(a.k, a.k, cos_, sin_, B_, T_, K, D);
+        o.rope_forward(a.q, a.q, cos_, sin_, B_, T_, H, D, doc_);
+        o.rope_forward(a.k, a.k, cos_, sin_, B_, T_, K, D, doc_);
         rb(a.q, N * H * D), rb(a.k, N * K * D);
       }
       if (dtype_ == DType::bf16 && o.attention_forward_bf16) {  // att rounded by the op
-        o.attention_forward_bf16(a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D, h16);
+        o.attention_forward_bf16(a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D, h16, doc_);
       } else {
-        o.attention_forward(a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D);
+        o.attention_forward(a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D, doc_);
         rb(a.att, N * H * D);
       }
     }
@@ -471,21 +502,23 @@ void Qwen3::backward_pass() {
     if (qkn_) {  // straight into dqkv (qkv_)
       o.attention_qkn_backward(qkv_, dqkw, dqkw + D, datt_, a.att, a.lse, a.qkv, a.qrstd, a.krstd,
                                qkw, qkw + D, cos_, sin_, B_, T_, H, K, D, dtype_ == DType::bf16,
-                               h16);
+                               h16, doc_);
     } else {
       if (dtype_ == DType::bf16 && o.attention_backward_bf16) {  // dq, dk, dv rounded by the op
         o.attention_backward_bf16(dq_, dk_, dv_, datt_, a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K,
-                                  D, h16);
+                                  D, h16, doc_);
       } else {
-        o.attention_backward(dq_, dk_, dv_, datt_, a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D);
+        o.attention_backward(dq_, dk_, dv_, datt_, a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D,
+                             doc_);
         rb(dq_, N * H * D), rb(dk_, N * K * D), rb(dv_, N * K * D);
       }
       if (o.qk_norm_rope_backward) {
         o.qk_norm_rope_backward(qkv_, dqkw, dqkw + D, dq_, dk_, dv_, a.qkv, a.qrstd, a.krstd, qkw,
-                                qkw + D, cos_, sin_, B_, T_, H, K, D, dtype_ == DType::bf16, h16);
+                                qkw + D, cos_, sin_, B_, T_, H, K, D, dtype_ == DType::bf16, h16,
+                                doc_);
       } else {
-        o.rope_backward(dq_, dq_, cos_, sin_, B_, T_, H, D);
-        o.rope_backward(dk_, dk_, cos_, sin_, B_, T_, K, D);
+        o.rope_backward(dq_, dq_, cos_, sin_, B_, T_, H, D, doc_);
+        o.rope_backward(dk_, dk_, cos_, sin_, B_, T_, K, D, doc_);
         rb(dq_, N * H * D), rb(dk_, N * K * D);
         // the norms' inputs again, from the saved projection: q, k, v fill qkv_ exactly
         float *qr = qkv_, *kr = qkv_ + N * H * D;

@@ -17,9 +17,18 @@ struct Batch {
   int64_t B = 0, T = 0;
   std::vector<int32_t> tokens;   // [B*T]
   std::vector<int32_t> targets;  // [B*T]
+  // Empty: causal attention, token t of a row sees tokens 0..t at RoPE position t. Else
+  // block-causal (packed documents): doc_start[b*T + t] is where t's document starts in its row,
+  // t sees tokens doc_start..t and its RoPE position is t - doc_start. Each row's values start
+  // at 0 and never decrease, and doc_start[t] <= t (Qwen3::forward checks).
+  std::vector<int32_t> doc_start;
 };
 // The walkthrough's fixed batch, repeated B times: tokens[t] = t % V, targets[t] = (t+1) % V.
 Batch fixed_batch(int64_t B, int64_t T, int64_t V);
+// Marks b's documents for block-causal attention (b.doc_start), TorchTitan's rule for a stream
+// of documents each followed by the end-of-text id `eos`: a document starts at each row's first
+// token and after every eos; an eos belongs to the document it ends.
+void mark_documents(Batch& b, int32_t eos);
 
 // RoPE tables, spec §5: fp32 inv_freq, angle, cos, sin. cos/sin: [T, D/2].
 void rope_tables(std::vector<float>& cos, std::vector<float>& sin, int64_t T, int64_t D,
@@ -60,6 +69,11 @@ class Qwen3 {
   void set_params(const float* host) { set_params(host, 0, layout_.total); }
   void get_params(float* host) const { get_params(host, 0, layout_.total); }
   void get_grads(float* host) const;
+  // The same within the backend, for an optimizer that runs there (train/): the gradient
+  // arena into fp32 dst (widened where bf16), and the parameter arena itself (fp32 or bf16 as
+  // the dtype), which such an optimizer writes.
+  void grads_into(float* dst) const;
+  void* params_arena() { return params_; }
 
   double forward(const Batch& batch);  // mean loss; saves activations for backward
   void backward();                     // grads of the last forward (grads are zeroed first)
@@ -128,7 +142,9 @@ class Qwen3 {
   float *res_final_, *xnf_, *rstdf_, *logits_, *lse_ce_;  // final norm + head
   float *qkv_, *tmp_, *dres_, *dtmp_, *dxn_, *dab_, *dm_, *datt_, *dq_, *dk_, *dv_, *dqr_, *dkr_;
   float *cos_, *sin_;
-  int32_t *tokens_, *targets_;  // [N] of the last forward, in the backend's memory
+  int32_t *tokens_, *targets_;    // [N] of the last forward, in the backend's memory
+  int32_t* docs_;                 // [N]: the last forward's doc_start, uploaded where it had one
+  const int32_t* doc_ = nullptr;  // the kernels' doc argument (ops.h): docs_, or null (causal)
 };
 
 }  // namespace tq

@@ -126,18 +126,19 @@ void qkv_split_backward(T* dqkv /*[N,(H+2KVH)*D]*/, const T* dq, const T* dk, co
         }
 }
 
-// Rotate-half RoPE at positions t = 0..T-1 of every sequence; sign -1 applies the
-// transposed rotation (the backward). out may alias x.
+// Rotate-half RoPE at positions t = 0..T-1 of every sequence, or with doc [B*T] (block-causal
+// attention: doc[b*T + t] the first token of t's document) at t - doc[b*T + t], each document's
+// from 0; sign -1 applies the transposed rotation (the backward). out may alias x.
 template <typename T>
 void rope_rotate(T* out, const T* x, const float* cos, const float* sin, int64_t B, int64_t Tn,
-                 int64_t NH, int64_t D, double sign) {
+                 int64_t NH, int64_t D, double sign, const int32_t* doc) {
   const int64_t D2 = D / 2;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < Tn; ++t)
       for (int64_t h = 0; h < NH; ++h) {
-        const int64_t base = ((b * Tn + t) * NH + h) * D;
+        const int64_t base = ((b * Tn + t) * NH + h) * D, p = doc ? t - doc[b * Tn + t] : t;
         for (int64_t e = 0; e < D2; ++e) {
-          const double c = cos[t * D2 + e], s = sign * sin[t * D2 + e];
+          const double c = cos[p * D2 + e], s = sign * sin[p * D2 + e];
           const double x1 = x[base + e], x2 = x[base + e + D2];
           out[base + e] = T(x1 * c - x2 * s);
           out[base + e + D2] = T(x2 * c + x1 * s);
@@ -146,21 +147,24 @@ void rope_rotate(T* out, const T* x, const float* cos, const float* sin, int64_t
 }
 template <typename T>
 void rope_forward(T* out /*[B,T,NH,D]*/, const T* x /*[B,T,NH,D]*/, const float* cos /*[T,D/2]*/,
-                  const float* sin /*[T,D/2]*/, int64_t B, int64_t Tn, int64_t NH, int64_t D) {
-  rope_rotate(out, x, cos, sin, B, Tn, NH, D, 1.0);
+                  const float* sin /*[T,D/2]*/, int64_t B, int64_t Tn, int64_t NH, int64_t D,
+                  const int32_t* doc /*[B*T] or null*/ = nullptr) {
+  rope_rotate(out, x, cos, sin, B, Tn, NH, D, 1.0, doc);
 }
 template <typename T>
 void rope_backward(T* dx, const T* dout, const float* cos, const float* sin, int64_t B, int64_t Tn,
-                   int64_t NH, int64_t D) {
-  rope_rotate(dx, dout, cos, sin, B, Tn, NH, D, -1.0);
+                   int64_t NH, int64_t D, const int32_t* doc = nullptr) {
+  rope_rotate(dx, dout, cos, sin, B, Tn, NH, D, -1.0, doc);
 }
 
-// Causal GQA attention per sequence; query head h reads kv head h / (H/KVH).
+// Causal GQA attention per sequence; query head h reads kv head h / (H/KVH). Query i sees keys
+// 0..i, or with doc [B*T] (block-causal) keys doc[b*T + i]..i, its own document's.
 // Saves lse (log-sum-exp of the scaled scores) so backward can rebuild P.
 template <typename T>
 void attention_forward(T* out /*[B,T,H,D]*/, T* lse /*[B,H,T]*/, const T* q /*[B,T,H,D]*/,
                        const T* k /*[B,T,KVH,D]*/, const T* v /*[B,T,KVH,D]*/, int64_t B,
-                       int64_t Tn, int64_t H, int64_t KVH, int64_t D) {
+                       int64_t Tn, int64_t H, int64_t KVH, int64_t D,
+                       const int32_t* doc /*[B*T] or null*/ = nullptr) {
   const int64_t G = H / KVH;
   const double scale = 1.0 / std::sqrt(double(D));
 #pragma omp parallel for collapse(2)
@@ -169,8 +173,9 @@ void attention_forward(T* out /*[B,T,H,D]*/, T* lse /*[B,H,T]*/, const T* q /*[B
       std::vector<double> p(Tn), o(D);
       for (int64_t i = 0; i < Tn; ++i) {
         const T* qi = q + ((b * Tn + i) * H + h) * D;
+        const int64_t j0 = doc ? doc[b * Tn + i] : 0;
         double mx = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j0; j <= i; ++j) {
           const T* kj = k + ((b * Tn + j) * KVH + h / G) * D;
           double s = 0;
           for (int64_t e = 0; e < D; ++e) s += double(qi[e]) * kj[e];
@@ -178,9 +183,9 @@ void attention_forward(T* out /*[B,T,H,D]*/, T* lse /*[B,H,T]*/, const T* q /*[B
           mx = std::max(mx, p[j]);
         }
         double sum = 0;
-        for (int64_t j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int64_t j = j0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
         std::fill(o.begin(), o.end(), 0.0);
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j0; j <= i; ++j) {
           const T* vj = v + ((b * Tn + j) * KVH + h / G) * D;
           for (int64_t e = 0; e < D; ++e) o[e] += p[j] / sum * vj[e];
         }
@@ -192,7 +197,7 @@ void attention_forward(T* out /*[B,T,H,D]*/, T* lse /*[B,H,T]*/, const T* q /*[B
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout /*[B,T,H,D]*/, const T* out,
                         const T* lse, const T* q, const T* k, const T* v, int64_t B, int64_t Tn,
-                        int64_t H, int64_t KVH, int64_t D) {
+                        int64_t H, int64_t KVH, int64_t D, const int32_t* doc = nullptr) {
   const int64_t G = H / KVH;
   const double scale = 1.0 / std::sqrt(double(D));
   std::vector<double> dkacc(B * Tn * KVH * D, 0.0), dvacc(dkacc.size(), 0.0);
@@ -203,7 +208,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout /*[B,T,H,D]*/, const 
         double di = 0;  // rowsum(dP*P) == dO_i . O_i
         for (int64_t e = 0; e < D; ++e) di += double(dout[qi + e]) * out[qi + e];
         std::vector<double> dqi(D, 0.0);
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = doc ? doc[b * Tn + i] : 0; j <= i; ++j) {
           const int64_t kj = ((b * Tn + j) * KVH + h / G) * D;
           double s = 0, dp = 0;
           for (int64_t e = 0; e < D; ++e) {

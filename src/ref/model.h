@@ -9,7 +9,8 @@
 
 namespace tq::ref {
 
-// Mean cross-entropy of `batch` under params (fp32 arena, make_layout order).
+// Mean cross-entropy of `batch` under params (fp32 arena, make_layout order); block-causal
+// where the batch marks its documents (Batch::doc_start).
 // Counts argmax hits into *correct and copies the logits [B*T, V] when asked.
 inline double model_loss(const Config& c, const float* params, const Batch& batch,
                          int64_t* correct = nullptr, std::vector<float>* logits_out = nullptr) {
@@ -19,6 +20,7 @@ inline double model_loss(const Config& c, const float* params, const Batch& batc
       k(N * K * D), v(N * K * D), att(N * H * D), lse(B * H * T), y(N * C), ab(N * 2 * c.F),
       m(N * c.F), logits(N * c.V), cs, sn;
   rope_tables(cs, sn, T, D, c.theta);
+  const int32_t* doc = batch.doc_start.empty() ? nullptr : batch.doc_start.data();
   embedding_forward(h.data(), batch.tokens.data(), params + p.tok_emb, N, C);
   for (int64_t l = 0; l < c.L; ++l) {
     const ParamLayout::Layer& w = p.layers[l];
@@ -27,9 +29,9 @@ inline double model_loss(const Config& c, const float* params, const Batch& batc
     qkv_split_forward(q.data(), k.data(), v.data(), qkv.data(), N, H, K, D);
     rmsnorm_forward(q.data(), r.data(), q.data(), params + w.q_norm, N * H, D, c.eps);
     rmsnorm_forward(k.data(), r.data(), k.data(), params + w.k_norm, N * K, D, c.eps);
-    rope_forward(q.data(), q.data(), cs.data(), sn.data(), B, T, H, D);
-    rope_forward(k.data(), k.data(), cs.data(), sn.data(), B, T, K, D);
-    attention_forward(att.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, K, D);
+    rope_forward(q.data(), q.data(), cs.data(), sn.data(), B, T, H, D, doc);
+    rope_forward(k.data(), k.data(), cs.data(), sn.data(), B, T, K, D, doc);
+    attention_forward(att.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, K, D, doc);
     matmul_forward(y.data(), att.data(), params + w.wo, N, H * D, C);
     for (int64_t i = 0; i < N * C; ++i) h[i] += y[i];
     rmsnorm_forward(x.data(), r.data(), h.data(), params + w.ffn_norm, N, C, c.eps);

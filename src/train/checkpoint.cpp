@@ -1,10 +1,12 @@
 #include "train/checkpoint.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 
+#include "io/model_file.h"
 #include "model/config.h"
 
 namespace tq::train {
@@ -16,26 +18,29 @@ std::string real_text(double x) {  // exact: %.17g reads back as the same double
   std::snprintf(b, sizeof b, "%.17g", x);
   return b;
 }
-int64_t int_of(const std::string& s) { return std::stoll(s); }
-double real_of(const std::string& s) { return std::strtod(s.c_str(), nullptr); }
+int64_t int_of(const std::string& s) {
+  return std::stoll(s);
+}
+double real_of(const std::string& s) {
+  return std::strtod(s.c_str(), nullptr);
+}
 
 // The run's flags, in --help's order. The key in the checkpoint's "run" dict is the flag
 // without its dashes, '-' read as '_'.
-#define TQ_INT(flag, field, resumable)                                                         \
-  ConfigField {                                                                                \
-    flag, ConfigField::Int, resumable,                                                         \
-        [](const RunConfig& r) { return std::to_string(r.field); },                            \
-        [](RunConfig& r, const std::string& s) { r.field = int_of(s); }                        \
+#define TQ_INT(flag, field, resumable)                                                             \
+  ConfigField {                                                                                    \
+    flag, ConfigField::Int, resumable, [](const RunConfig& r) { return std::to_string(r.field); }, \
+        [](RunConfig& r, const std::string& s) { r.field = int_of(s); }                            \
   }
-#define TQ_REAL(flag, field)                                                                   \
-  ConfigField {                                                                                \
-    flag, ConfigField::Real, false, [](const RunConfig& r) { return real_text(r.field); },     \
-        [](RunConfig& r, const std::string& s) { r.field = real_of(s); }                       \
+#define TQ_REAL(flag, field)                                                               \
+  ConfigField {                                                                            \
+    flag, ConfigField::Real, false, [](const RunConfig& r) { return real_text(r.field); }, \
+        [](RunConfig& r, const std::string& s) { r.field = real_of(s); }                   \
   }
-#define TQ_TEXT(flag, field, resumable)                                                        \
-  ConfigField {                                                                                \
-    flag, ConfigField::Text, resumable, [](const RunConfig& r) { return r.field; },            \
-        [](RunConfig& r, const std::string& s) { r.field = s; }                                \
+#define TQ_TEXT(flag, field, resumable)                                             \
+  ConfigField {                                                                     \
+    flag, ConfigField::Text, resumable, [](const RunConfig& r) { return r.field; }, \
+        [](RunConfig& r, const std::string& s) { r.field = s; }                     \
   }
 
 }  // namespace
@@ -55,6 +60,9 @@ const std::vector<ConfigField>& config_fields() {
       {"--data-order", ConfigField::Text, false,
        [](const RunConfig& r) { return std::string(data_order_name(r.order)); },
        [](RunConfig& r, const std::string& s) { r.order = parse_data_order(s); }},
+      {"--attention", ConfigField::Text, false,
+       [](const RunConfig& r) { return std::string(attention_name(r.attention)); },
+       [](RunConfig& r, const std::string& s) { r.attention = parse_attention(s); }},
       TQ_INT("--grad-accum", grad_accum, false),
       {"--optimizer", ConfigField::Text, false,
        [](const RunConfig& r) { return std::string(optimizer_name(r.optimizer)); },
@@ -137,7 +145,7 @@ void save_run(const std::string& path, const Config& c, const RunConfig& rc,
               const data::ShardMeta& meta, const OptimizerArenas& a, const TrainState& st,
               const TrainRecord& rec) {
   PtWriter w;
-  ValuePtr root = checkpoint_root(w, c, arena_reader(a.master), DType::f32, rec, rc.dtype);
+  ValuePtr root = checkpoint_root(w, c, a.master, DType::f32, rec, rc.dtype);
   const Schedule sched =
       Schedule::make(rc.steps, rc.warmup, rc.decay_ratio, rc.decay_type, rc.lr_min);
   // the rate of the next step, as LambdaLR leaves it in the optimizer after step()
@@ -151,10 +159,9 @@ void save_run(const std::string& path, const Config& c, const RunConfig& rc,
     for (int64_t s : e.shape) n *= s;
     const std::string pre = "state." + e.key + ".";
     dict_set(*opt, pre + "step", scalar_tensor(w, float(st.step)));
-    for (const auto& [name, arena] : {std::pair{"exp_avg", a.m}, std::pair{"exp_avg_sq", a.v}}) {
-      const float* src = arena;
+    for (const auto& [name, read] : {std::pair{"exp_avg", &a.m}, std::pair{"exp_avg_sq", &a.v}}) {
       TensorRef t = w.add_storage("FloatStorage", n, [=, &c](const ByteSink& emit) {
-        encode_entry(emit, c, e, arena_reader(src), DType::f32);
+        encode_entry(emit, c, e, *read, DType::f32);
       });
       dict_set(*opt, pre + name, v_tensor(full_view(t, e.shape)));
     }
@@ -252,7 +259,8 @@ RunConfig read_run_config(const std::string& path) {
 }
 
 TrainState load_run(const std::string& path, const Config& c, const RunConfig& rc,
-                    const data::ShardMeta& meta, float* master, float* m, float* v) {
+                    const data::ShardMeta& meta, const ParamSink& master, const ParamSink& m,
+                    const ParamSink& v) {
   const PtReader pt(path);
   const Reader r{path};
   const Value* root = pt.root.get();
@@ -288,14 +296,19 @@ TrainState load_run(const std::string& path, const Config& c, const RunConfig& r
     throw Error(path + ": " + std::to_string(st.losses.size()) + " losses for " +
                 std::to_string(st.step) + " steps");
 
-  // the arenas: each tensor's runs read straight into place (no copy of a tensor is held)
+  // the arenas: each tensor's runs read by pieces (no copy of a tensor is held)
+  std::vector<float> piece(kLoadPiece);
   const auto restore = [&](const std::string& name, const Value* t, const StateEntry& e,
-                           float* arena) {
+                           const ParamSink& arena) {
     if (t && t->kind == Value::Tensor && t->tensor.storage != "FloatStorage")
       throw Error(path + ": " + name + " is " + t->tensor.storage +
                   ", not float32: only a checkpoint of train --data resumes exactly");
     for (const ArenaRun& run : entry_runs(c, e))
-      pt.tensor(name, t, e.shape, run.dense, run.n, arena + run.arena);
+      for (size_t i = 0, k; i < run.n; i += k) {
+        k = std::min(run.n - i, piece.size());
+        pt.tensor(name, t, e.shape, run.dense + i, k, piece.data());
+        arena(run.arena + i, piece.data(), k);
+      }
   };
   const Value* model = r.get(root, "model", Value::Dict);
   for (const StateEntry& e : state_dict_entries(c, make_layout(c)))

@@ -17,6 +17,7 @@
 
 #include "data/shard.h"
 #include "io/checkpoint.h"
+#include "model/init.h"
 #include "train/trainer.h"
 
 namespace tq::train {
@@ -41,11 +42,10 @@ struct TrainState {
   std::vector<double> losses;        // every step's
 };
 
-// The optimizer's arenas (fp32, make_layout order); m and v are null for SGD.
+// The optimizer's arenas (fp32, make_layout order, in the backend's memory), read while the
+// file is written; m and v are empty for SGD.
 struct OptimizerArenas {
-  const float* master;
-  const float* m;
-  const float* v;
+  ParamReader master, m, v;
 };
 
 // Writes it atomically. rec: the record every checkpoint has (final_loss: the fixed batch's).
@@ -57,10 +57,11 @@ void save_run(const std::string& path, const Config& c, const RunConfig& rc,
 // checkpoint or its configuration is damaged).
 RunConfig read_run_config(const std::string& path);
 
-// Restores the weights, the optimizer's moments and the state into master, m, v (each
-// make_layout(c).total floats; m and v unused for SGD) after checking the file against rc (its
+// Restores the weights, the optimizer's moments and the state, handing each arena's values to
+// master, m and v by pieces (m and v unused for SGD), after checking the file against rc (its
 // preset, optimizer, step counts) and the shards against meta: Error naming what differs.
 TrainState load_run(const std::string& path, const Config& c, const RunConfig& rc,
-                    const data::ShardMeta& meta, float* master, float* m, float* v);
+                    const data::ShardMeta& meta, const ParamSink& master, const ParamSink& m,
+                    const ParamSink& v);
 
 }  // namespace tq::train

@@ -37,6 +37,16 @@ const char* data_order_name(DataOrder o) {
   return o == DataOrder::sequential ? "sequential" : "shuffled";
 }
 
+AttentionMask parse_attention(const std::string& s) {
+  if (s == "causal") return AttentionMask::causal;
+  if (s == "block-causal") return AttentionMask::block_causal;
+  throw Error("--attention " + s + ": choose causal or block-causal");
+}
+
+const char* attention_name(AttentionMask a) {
+  return a == AttentionMask::causal ? "causal" : "block-causal";
+}
+
 BatchLoader::BatchLoader(const TokenStream& s, int64_t B, int64_t T, DataOrder order, uint64_t seed)
     : s_(s), B_(B), T_(T), order_(order), seed_(seed) {
   const uint64_t per = uint64_t(B * T);

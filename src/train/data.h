@@ -27,6 +27,13 @@ enum class DataOrder { sequential, shuffled };
 DataOrder parse_data_order(const std::string& s);
 const char* data_order_name(DataOrder o);
 
+// Attention within a row of a batch: causal over the whole row, or block-causal over the
+// documents packed in it (each followed by the shards' end-of-text id: mark_documents in
+// model/qwen3.h), TorchTitan's packed-document attention.
+enum class AttentionMask { causal, block_causal };
+AttentionMask parse_attention(const std::string& s);
+const char* attention_name(AttentionMask a);
+
 // Window w is the B*T + 1 ids from w*B*T: row r's inputs are [r*T, (r+1)*T) of it and its
 // targets the same shifted by one (llm.c). An epoch has floor((L - 1) / (B*T)) windows of a
 // stream of L ids; batches take them in order (sequential), or in a permutation drawn for each
@@ -39,7 +46,7 @@ class BatchLoader {
   uint64_t windows() const { return windows_; }  // per epoch
   void next(Batch& b);                           // the next window, then advance
   uint64_t epoch() const { return epoch_; }
-  uint64_t position() const { return pos_; }  // windows taken in this epoch
+  uint64_t position() const { return pos_; }     // windows taken in this epoch
   void seek(uint64_t epoch, uint64_t position);  // continue there (a resumed run); Error if past
   // The window taken at (epoch, position): what next() would load there.
   uint64_t window_at(uint64_t epoch, uint64_t position);

@@ -2,9 +2,8 @@
 
 #include <cerrno>
 #include <cstring>
-#include <nlohmann/json.hpp>
-
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/common.h"
 #include "io/file.h"

@@ -17,13 +17,25 @@ const char* optimizer_name(OptimizerKind k) {
   return k == OptimizerKind::sgd ? "sgd" : "adamw";
 }
 
+OptimizerStep optimizer_scalars(OptimizerKind k, double lr, const AdamWConfig& c, int64_t step,
+                                float gscale) {
+  OptimizerStep s{};
+  s.adamw = k == OptimizerKind::adamw;
+  s.gscale = gscale;
+  s.lr = float(lr);
+  s.decay = float(1 - lr * c.weight_decay);
+  s.w1 = float(1 - c.beta1), s.b2 = float(c.beta2), s.w2 = float(1 - c.beta2);
+  s.step_size = float(lr / (1 - std::pow(c.beta1, double(step))));
+  s.bc2_sqrt = float(std::sqrt(1 - std::pow(c.beta2, double(step))));
+  s.eps = float(c.eps);
+  return s;
+}
+
 void adamw_step(float* p, float* m, float* v, const float* g, size_t n, double lr,
                 const AdamWConfig& c, int64_t step) {
-  const float decay = float(1 - lr * c.weight_decay);
-  const float w1 = float(1 - c.beta1), b2 = float(c.beta2), w2 = float(1 - c.beta2);
-  const float step_size = float(lr / (1 - std::pow(c.beta1, double(step))));
-  const float bc2_sqrt = float(std::sqrt(1 - std::pow(c.beta2, double(step))));
-  const float eps = float(c.eps);
+  const OptimizerStep s = optimizer_scalars(OptimizerKind::adamw, lr, c, step, 1.f);
+  const float decay = s.decay, w1 = s.w1, b2 = s.b2, w2 = s.w2;
+  const float step_size = s.step_size, bc2_sqrt = s.bc2_sqrt, eps = s.eps;
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) {
     const float gi = g[i];
@@ -62,11 +74,6 @@ double global_norm(const float* g, size_t n) {
 void scale(float* g, size_t n, float s) {
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) g[i] *= s;
-}
-
-void add(float* acc, const float* g, size_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < n; ++i) acc[i] += g[i];
 }
 
 }  // namespace tq::train

@@ -26,17 +26,40 @@
 namespace tq::train {
 
 size_t optimizer_bytes(const RunConfig& rc, size_t params) {
-  // master, accumulated gradient, a micro-batch's gradient; AdamW's m and v
-  return params * sizeof(float) * (rc.optimizer == OptimizerKind::adamw ? 5 : 3);
+  // master, accumulated gradient, a micro-batch's gradient (with accumulation); AdamW's m, v
+  return params * sizeof(float) *
+         (2 + (rc.grad_accum > 1) + (rc.optimizer == OptimizerKind::adamw ? 2 : 0));
 }
 
 namespace {
+
+// An fp32 array in the backend's memory (the device's, for CUDA), released with it; n = 0
+// holds none.
+struct BackendArray {
+  const Ops& ops;
+  float* p;
+  BackendArray(const Ops& o, size_t n)
+      : ops(o), p(n ? static_cast<float*>(o.alloc(n * sizeof(float))) : nullptr) {}
+  ~BackendArray() {
+    if (p) ops.release(p);
+  }
+  BackendArray(const BackendArray&) = delete;
+  BackendArray& operator=(const BackendArray&) = delete;
+  ParamSink sink() const {
+    return [this](size_t off, const float* x, size_t k) { ops.upload(p + off, x, k * 4); };
+  }
+  ParamReader reader() const {
+    return [this](size_t off, size_t k, float* out) { ops.download(out, p + off, k * 4); };
+  }
+};
 
 // SIGINT and SIGTERM, while a run trains: noted, so that the run saves at the end of the step
 // and stops; the handler then goes back to the default, so that a second signal ends the
 // process at once (the checkpoint being written is a temporary: the last one stays whole).
 volatile std::sig_atomic_t g_signal = 0;
-extern "C" void note_signal(int sig) { g_signal = sig; }
+extern "C" void note_signal(int sig) {
+  g_signal = sig;
+}
 
 class StopSignals {
  public:
@@ -58,7 +81,8 @@ class StopSignals {
   int caught() const { return g_signal; }
 
  private:
-  struct sigaction old_int_ {}, old_term_ {};
+  struct sigaction old_int_ {
+  }, old_term_{};
 };
 
 // Removes all but the newest `keep` step-NNNNNNNN.pt of the folder (a FAILED one stays).
@@ -86,13 +110,15 @@ void prune_checkpoints(const std::string& dir, int64_t keep) {
 }
 
 // The mean loss over the val windows: fixed (window j is the B*T + 1 ids from j*B*T), as many
-// whole ones as the first val_tokens ids hold, the same at every validation.
+// whole ones as the first val_tokens ids hold, the same at every validation; block-causal as
+// training is where eos >= 0.
 struct Validator {
   const TokenStream& s;
   int64_t B, T;
   uint64_t windows;
-  Validator(const TokenStream& stream, int64_t B_, int64_t T_, int64_t val_tokens)
-      : s(stream), B(B_), T(T_) {
+  int32_t eos;
+  Validator(const TokenStream& stream, int64_t B_, int64_t T_, int64_t val_tokens, int32_t eos_)
+      : s(stream), B(B_), T(T_), eos(eos_) {
     const uint64_t per = uint64_t(B * T);
     const uint64_t have = s.size() > 0 ? s.size() - 1 : 0;
     windows = std::min<uint64_t>(uint64_t(val_tokens), have) / per;
@@ -110,6 +136,7 @@ struct Validator {
       s.read(j * uint64_t(B * T), buf.size(), buf.data());
       b.tokens.assign(buf.begin(), buf.end() - 1);
       b.targets.assign(buf.begin() + 1, buf.end());
+      if (eos >= 0) mark_documents(b, eos);
       sum += model.forward(b);
     }
     return sum / double(windows);
@@ -135,16 +162,19 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
   BatchLoader loader(train_stream, rc.B, rc.T, rc.order, uint64_t(rc.seed));
   std::optional<TokenStream> val_stream;
   std::optional<Validator> validator;
+  // the eos that ends each document (block-causal attention), or -1 (causal)
+  const int32_t eos = rc.attention == AttentionMask::block_causal ? int32_t(meta.eos_id) : -1;
   if (rc.val_every > 0) {
     val_stream.emplace(rc.data, "val", uint32_t(c.V));
-    validator.emplace(*val_stream, rc.B, rc.T, rc.val_tokens);
+    validator.emplace(*val_stream, rc.B, rc.T, rc.val_tokens, eos);
   }
   const Schedule sched =
       Schedule::make(rc.steps, rc.warmup, rc.decay_ratio, rc.decay_type, rc.lr_min);
-  std::printf("data: %s: %llu train tokens, %llu windows of %lld x %lld an epoch (%s)",
-              rc.data.c_str(), (unsigned long long)train_stream.size(),
-              (unsigned long long)loader.windows(), (long long)rc.B, (long long)rc.T,
-              data_order_name(rc.order));
+  std::printf(
+      "data: %s: %llu train tokens, %llu windows of %lld x %lld an epoch (%s, %s attention)",
+      rc.data.c_str(), (unsigned long long)train_stream.size(),
+      (unsigned long long)loader.windows(), (long long)rc.B, (long long)rc.T,
+      data_order_name(rc.order), attention_name(rc.attention));
   if (validator)
     std::printf("; val: %llu windows every %lld steps", (unsigned long long)validator->windows,
                 (long long)rc.val_every);
@@ -168,14 +198,14 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
   Qwen3 model(c, rc.dtype, rc.B, rc.T, ops, false);
   const ParamLayout& layout = model.layout();
   const size_t n = layout.total;
-  std::vector<float> master(n), gacc(n), grad(n), m, v;
-  if (rc.optimizer == OptimizerKind::adamw) m.assign(n, 0.f), v.assign(n, 0.f);
-  const ParamSink to_master = [&](size_t off, const float* x, size_t k) {
-    std::copy(x, x + k, master.begin() + long(off));
-  };
+  // the optimizer's arenas, in the backend's memory (optimizer_bytes)
+  const bool adamw = rc.optimizer == OptimizerKind::adamw;
+  const BackendArray master(ops, n), gacc(ops, n), grad(ops, rc.grad_accum > 1 ? n : 0),
+      m(ops, adamw ? n : 0), v(ops, adamw ? n : 0);
+  const ParamSink to_master = master.sink();
   TrainState st;
   if (!rc.resume.empty()) {
-    st = load_run(rc.resume, c, rc, meta, master.data(), m.data(), v.data());
+    st = load_run(rc.resume, c, rc, meta, to_master, m.sink(), v.sink());
     loader.seek(st.epoch, st.position);
     std::printf("resume: %s after step %lld of %lld (epoch %llu, window %llu of %llu)\n",
                 rc.resume.c_str(), (long long)st.step, (long long)rc.steps,
@@ -187,7 +217,14 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
   } else {
     init_params(to_master, c, layout, uint64_t(rc.seed));
   }
-  model.set_params(master.data());  // (bf16 runs: the bf16 copy the steps compute with)
+  {  // the model's copy (a bf16 run's: rounded), by pieces; then the steps write it
+    std::vector<float> piece(std::min(n, kLoadPiece));
+    for (size_t off = 0, k; off < n; off += k) {
+      k = std::min(n - off, piece.size());
+      master.reader()(off, k, piece.data());
+      model.set_params(piece.data(), off, k);
+    }
+  }
 
   MetricsLog log(rc.metrics, st.step);
   TrainRecord rec;
@@ -198,7 +235,7 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
   const auto save = [&](const std::string& path) {
     rec.initial_loss = rec.losses.empty() ? NAN : rec.losses.front();
     rec.final_loss = model.forward(fixed_batch(rc.B, rc.T, c.V));
-    save_run(path, c, rc, meta, {master.data(), m.data(), v.data()}, st, rec);
+    save_run(path, c, rc, meta, {master.reader(), m.reader(), v.reader()}, st, rec);
     if (output_is_folder(rc.output) && rc.keep > 0) prune_checkpoints(rc.output, rc.keep);
   };
   std::string failure;
@@ -221,15 +258,16 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
     double loss = 0;
     for (int64_t k = 0; k < rc.grad_accum; ++k) {
       loader.next(batch);
+      if (eos >= 0) mark_documents(batch, eos);
       loss += model.forward(batch);
       model.backward();
-      model.get_grads(k == 0 ? gacc.data() : grad.data());
-      if (k > 0) add(gacc.data(), grad.data(), n);
+      model.grads_into(k == 0 ? gacc.p : grad.p);
+      if (k > 0) ops.add_inplace(gacc.p, grad.p, int64_t(n));
     }
     // the mean over all grad_accum * B * T tokens, as TorchTitan's rescaled loss gives it
     loss /= double(rc.grad_accum);
-    if (rc.grad_accum > 1) scale(gacc.data(), n, float(1.0 / double(rc.grad_accum)));
-    const double norm = global_norm(gacc.data(), n);
+    const float mean = rc.grad_accum > 1 ? float(1.0 / double(rc.grad_accum)) : 1.f;
+    const double norm = std::sqrt(ops.scale_sum_squares(gacc.p, int64_t(n), mean));
     tokens += per_step;
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       failure = std::string(std::isfinite(loss) ? "gradient norm" : "loss") +
@@ -237,13 +275,11 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
       std::printf("step %lld: loss %g, grad norm %g\n", (long long)(s + 1), loss, norm);
       break;
     }
-    if (rc.max_norm > 0)  // torch.nn.utils.clip_grad_norm_: the coefficient clamped to 1
-      scale(gacc.data(), n, float(std::min(1.0, rc.max_norm / (norm + 1e-6))));
-    if (rc.optimizer == OptimizerKind::adamw)
-      adamw_step(master.data(), m.data(), v.data(), gacc.data(), n, lr, rc.adamw, s + 1);
-    else
-      sgd_step(master.data(), gacc.data(), n, lr);
-    model.set_params(master.data());
+    // torch.nn.utils.clip_grad_norm_: the coefficient clamped to 1
+    const float clip = rc.max_norm > 0 ? float(std::min(1.0, rc.max_norm / (norm + 1e-6))) : 1.f;
+    ops.optimizer_step(master.p, m.p, v.p, gacc.p, int64_t(n),
+                       optimizer_scalars(rc.optimizer, lr, rc.adamw, s + 1, clip),
+                       model.params_arena(), rc.dtype == DType::bf16);
     ops.sync();
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -284,10 +320,11 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
       const std::string path = checkpoint_path(rc.output, s + 1);
       save(path);
       if (!stop) continue;
-      std::printf("stopped after step %lld of %lld (%s): checkpoint %s; continue with: "
-                  "tiny-qwen3 train --resume %s\n",
-                  (long long)(s + 1), (long long)rc.steps,
-                  sig ? strsignal(sig) : "--stop-after", path.c_str(), path.c_str());
+      std::printf(
+          "stopped after step %lld of %lld (%s): checkpoint %s; continue with: "
+          "tiny-qwen3 train --resume %s\n",
+          (long long)(s + 1), (long long)rc.steps, sig ? strsignal(sig) : "--stop-after",
+          path.c_str(), path.c_str());
       std::fflush(stdout);
       return sig ? 128 + sig : kStoppedEarly;
     }

@@ -31,6 +31,7 @@ struct RunConfig {
   // data
   std::string data;  // a folder from `prepare`
   DataOrder order = DataOrder::sequential;
+  AttentionMask attention = AttentionMask::causal;  // block-causal: documents end at meta's eos
   int64_t grad_accum = 1;
   // optimizer and schedule
   OptimizerKind optimizer = OptimizerKind::adamw;
@@ -57,8 +58,9 @@ bool output_is_folder(const std::string& output);
 // Where the checkpoint after `step` steps goes.
 std::string checkpoint_path(const std::string& output, int64_t step);
 
-// The bytes the optimizer holds besides the model's arenas: fp32 master weights, the
-// accumulated gradient, a micro-batch's gradient, and AdamW's two moments.
+// The bytes the optimizer holds besides the model's arenas, in the backend's memory: fp32
+// master weights, the accumulated gradient, a micro-batch's gradient (with --grad-accum above
+// 1), and AdamW's two moments.
 size_t optimizer_bytes(const RunConfig& rc, size_t params);
 
 // The end every training run shares: the thread summary, the checkpoint written by save (to

@@ -101,7 +101,8 @@ out("hf_folder", "index.json", b"\x01" + json.dumps(index, indent=2).encode())
 # train --resume: a text run's checkpoint as src/train/checkpoint.cpp writes it (the shards of
 # tests/fuzz/resume.cpp's meta), with tensors far smaller than debugmodel's
 run = {"preset": "debugmodel", "dtype": "bfloat16", "batch_size": 2, "seq_len": 32, "steps": 4,
-       "seed": 0, "init_from": "", "data": "shards", "data_order": "shuffled", "grad_accum": 1,
+       "seed": 0, "init_from": "", "data": "shards", "data_order": "shuffled",
+       "attention": "block-causal", "grad_accum": 1,
        "optimizer": "adamw", "learning_rate": 8e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
        "weight_decay": 0.1, "warmup_steps": 2, "decay_ratio": 0.8, "decay_type": "linear",
        "lr_min": 0.0, "max_norm": 1.0, "val_every": 0, "val_tokens": 0, "log_every": 1,

@@ -1,8 +1,8 @@
 """Training on text against PyTorch: tiny-qwen3 train --data (AdamW or SGD, TorchTitan's
-schedule, clip_grad_norm_, gradient accumulation, validation) and an independent PyTorch run
-of the spec's model (python/train_tiny_qwen3.py) with torch.optim.AdamW, LambdaLR and
-torch.nn.utils.clip_grad_norm_, fed the same windows of the same shards: the same losses,
-learning rates and gradient norms, step by step, in fp32.
+schedule, clip_grad_norm_, gradient accumulation, validation, causal or block-causal attention)
+and an independent PyTorch run of the spec's model (python/train_tiny_qwen3.py) with
+torch.optim.AdamW, LambdaLR and torch.nn.utils.clip_grad_norm_, fed the same windows of the
+same shards: the same losses, learning rates and gradient norms, step by step, in fp32.
 
 usage: test_train_text.py TINY_QWEN3 [--steps N]"""
 import json
@@ -42,19 +42,35 @@ for args in (["tokenizer-train", "--vocab-size", "2048", "--jsonl", os.path.join
     p = harness.run(binary, *args)
     harness.check(args[0], p.returncode == 0, p.stderr.strip())
 
+# Short documents (3 to 40 words) with the same tokenizer, for block-causal attention: several
+# documents in every row of 128 tokens.
+doc_shards = os.path.join(tmp, "doc_shards")
+with open(os.path.join(tmp, "short.jsonl"), "w") as f:
+    for d in range(1200):
+        n = rng.randint(3, 40)
+        words = [vocab[min(int(rng.paretovariate(1.2)) - 1, 599)] for _ in range(n)]
+        f.write(json.dumps({"text": " ".join(words).capitalize() + "."}) + "\n")
+args = ["prepare", "--tokenizer", tok, "--jsonl", os.path.join(tmp, "short.jsonl"),
+        "--val-fraction", "0.1", "--out", doc_shards]
+p = harness.run(binary, *args)
+harness.check("prepare (short documents)", p.returncode == 0, p.stderr.strip())
 
-def read_split(split):
-    meta = json.load(open(os.path.join(shards, "meta.json")))
+
+def read_split(split, folder):
+    meta = json.load(open(os.path.join(folder, "meta.json")))
     ids = []
     for name in meta["splits"][split]["shards"]:
-        data = open(os.path.join(shards, name), "rb").read()
+        data = open(os.path.join(folder, name), "rb").read()
         magic, version, count = struct.unpack_from("<3i", data)
         assert (magic, version) == (20240801, 7) and len(data) == 1024 + 4 * count
         ids += struct.unpack_from(f"<{count}I", data, 1024)
     return torch.tensor(ids, dtype=torch.int64)
 
 
-train_ids, val_ids = read_split("train"), read_split("val")
+# each folder's train and val ids and its end-of-text id
+splits = {d: (read_split("train", d), read_split("val", d),
+              json.load(open(os.path.join(d, "meta.json")))["tokenizer"]["eos_id"])
+          for d in (shards, doc_shards)}
 
 
 def factor(s, steps, warmup, decay_ratio, decay_type, min_factor):
@@ -76,6 +92,8 @@ def factor(s, steps, warmup, decay_ratio, decay_type, min_factor):
 
 def torch_run(c):
     B, T, accum, steps = c["B"], c["T"], c["accum"], c["steps"]
+    train_ids, val_ids, eos_id = splits[c["shards"]]
+    eos = eos_id if c["attention"] == "block-causal" else None
     model = tq3.build_model("debugmodel", seq_len=T, seed=0)
     if c["optimizer"] == "adamw":
         opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], betas=(0.9, 0.95), eps=1e-8,
@@ -94,7 +112,7 @@ def torch_run(c):
         for _ in range(accum):
             buf = train_ids[(w % windows) * per: (w % windows) * per + per + 1]
             w += 1
-            loss = tq3.loss_fn(model(buf[:-1].view(B, T)), buf[1:].view(B, T)) / accum
+            loss = tq3.loss_fn(model(buf[:-1].view(B, T), eos), buf[1:].view(B, T)) / accum
             loss.backward()
             total += loss.item()
         # the exact norm (tiny-qwen3 sums in double); clip_grad_norm_'s own fp32 sums differ
@@ -108,7 +126,7 @@ def torch_run(c):
         if c.get("val_every") and ((s + 1) % c["val_every"] == 0 or s + 1 == steps):
             with torch.no_grad():
                 n = min(c["val_tokens"], len(val_ids) - 1) // per
-                vl = sum(tq3.loss_fn(model(val_ids[j * per: j * per + per].view(B, T)),
+                vl = sum(tq3.loss_fn(model(val_ids[j * per: j * per + per].view(B, T), eos),
                                      val_ids[j * per + 1: j * per + per + 1].view(B, T)).item()
                          for j in range(n)) / n
             out[-1]["val_loss"] = vl
@@ -117,7 +135,8 @@ def torch_run(c):
 
 def ours(c, name):
     metrics = os.path.join(tmp, name + ".jsonl")
-    args = ["train", "--data", shards, "--dtype", "float32", "--seed", "0",
+    args = ["train", "--data", c["shards"], "--attention", c["attention"], "--dtype", "float32",
+            "--seed", "0",
             "--batch-size", str(c["B"]), "--seq-len", str(c["T"]), "--steps", str(c["steps"]),
             "--grad-accum", str(c["accum"]), "--optimizer", c["optimizer"],
             "--learning-rate", str(c["lr"]), "--warmup-steps", str(c["warmup"]),
@@ -144,7 +163,7 @@ def ours(c, name):
 
 base = dict(B=2, T=128, accum=2, steps=50, optimizer="adamw", lr=8e-4, wd=0.1, warmup=2,
             decay_ratio=0.8, decay_type="linear", lr_min=0.0, max_norm=1.0, val_every=25,
-            val_tokens=2048)
+            val_tokens=2048, shards=shards, attention="causal")
 runs = {
     # the issue's case: B > 1, T >= 128, accumulation, TorchTitan's defaults, validation
     "adamw-accum": base,
@@ -154,7 +173,22 @@ runs = {
     # SGD with the schedule and no clipping (the walkthrough's SGD is torch_parity's)
     "sgd-sqrt": dict(base, T=40, accum=2, steps=6, optimizer="sgd", lr=0.05, decay_type="sqrt",
                      max_norm=0.0, val_every=3, val_tokens=1000),
+    # block-causal attention over packed short documents (PyTorch: document_starts' mask and
+    # per-document RoPE positions), B > 1, T = 128, accumulation, validation
+    "adamw-documents": dict(base, steps=20, val_every=10, shards=doc_shards,
+                            attention="block-causal"),
 }
+
+# The documents run's rows hold several documents each: eos ids inside every row it reads.
+train_ids, _, eos_id = splits[doc_shards]
+c = runs["adamw-documents"]
+per = c["B"] * c["T"]
+windows = (len(train_ids) - 1) // per
+rows = [train_ids[w % windows * per + r * c["T"]: w % windows * per + (r + 1) * c["T"]]
+        for w in range(c["steps"] * c["accum"]) for r in range(c["B"])]
+ends = [int((row == eos_id).sum()) for row in rows]
+harness.check("adamw-documents: several documents in every row", min(ends) >= 2,
+              f"eos a row: fewest {min(ends)}, mean {sum(ends) / len(ends):.1f}")
 for name, c in runs.items():
     if steps_arg:
         c = dict(c, steps=min(c["steps"], steps_arg))
