@@ -108,6 +108,46 @@ TEST_F(Cuda, ElementwiseAndBf16RulesAreTheCpus) {
   }
 }
 
+// The text trainer's optimizer kernels against the CPU's: the norm's sum of squares (another
+// summation order), AdamW and SGD with clipping, and the model's copy (bf16: the rounding of
+// the device's own new weights, bit for bit).
+TEST_F(Cuda, OptimizerStepIsTheCpus) {
+  const int64_t n = 3 * kNormChunk + 101;
+  for (const bool adamw : {true, false})
+    for (const bool bf16 : {false, true}) {
+      std::vector<float> p = randf(n, 5, 0.1), m = randf(n, 6, 1e-3), g = randf(n, 7, 1e-2);
+      std::vector<float> v(n);
+      for (int64_t i = 0; i < n; ++i) v[i] = 1e-6f * float(i % 13);
+      Buf<float> dp(p), dm(m), dv(v), dg(g);
+      Buf<float> copy32(static_cast<size_t>(n));
+      Buf<uint16_t> copy16(static_cast<size_t>(n));
+      const double dn = dev().scale_sum_squares(dg.p, n, 0.5f);
+      const double cn = cpu_ops().scale_sum_squares(g.data(), n, 0.5f);
+      EXPECT_NEAR(dn, cn, 1e-12 * cn);
+      OptimizerStep st{};
+      st.adamw = adamw, st.gscale = 0.7f, st.lr = 1e-3f;
+      st.decay = 1 - 1e-4f, st.w1 = 0.1f, st.b2 = 0.95f, st.w2 = 0.05f;
+      st.step_size = 2e-3f, st.bc2_sqrt = 0.3f, st.eps = 1e-8f;
+      void* out = bf16 ? static_cast<void*>(copy16.p) : static_cast<void*>(copy32.p);
+      dev().optimizer_step(dp.p, adamw ? dm.p : nullptr, adamw ? dv.p : nullptr, dg.p, n, st, out,
+                           bf16);
+      std::vector<float> c32(n);
+      cpu_ops().optimizer_step(p.data(), m.data(), v.data(), g.data(), n, st, c32.data(), false);
+      const std::vector<float> gp = dp.back();
+      EXPECT_LT(test::rel_l2(gp, p), kTol);
+      if (adamw) {
+        EXPECT_LT(test::rel_l2(dm.back(), m), kTol);
+        EXPECT_LT(test::rel_l2(dv.back(), v), kTol);
+      }
+      if (bf16) {
+        const std::vector<uint16_t> h = copy16.back();
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(h[i], f32_to_bf16(gp[i])) << i;
+      } else {
+        EXPECT_EQ(copy32.back(), gp);
+      }
+    }
+}
+
 TEST_F(Cuda, EmbeddingAndRmsNorm) {
   const int64_t V = 37, C = 300, N = 513;
   std::vector<int32_t> tok(N);
