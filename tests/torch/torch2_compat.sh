@@ -24,8 +24,13 @@ trap 'rm -rf "$work"' EXIT
 cd "$work"
 "$bin" train --output bf16.pt >/dev/null
 "$bin" train --dtype float32 --output f32.pt >/dev/null
+# a text run's checkpoint: the optimizer's and loader's state beside the model
+for i in $(seq 1 40); do echo "the cat $i sat on the mat and the dog $((i * 7)) ran to the park"; done >text.txt
+"$bin" tokenizer-train --vocab-size 300 --input text.txt --out tok.json >/dev/null
+"$bin" prepare --tokenizer tok.json --input text.txt --val-fraction 0.2 --out shards >/dev/null
+"$bin" train --data shards --steps 3 --output text.pt >/dev/null
 pyenv=$(dirname "$root")/pyenv
-PYTHONPATH="$repo/python" "$pyenv/bin/python3" "$here/torch2_check.py" bf16.pt f32.pt
+PYTHONPATH="$repo/python" "$pyenv/bin/python3" "$here/torch2_check.py" bf16.pt f32.pt text.pt
 # imports and exports again, now with torch 2.x and the real `safetensors` package
 "$pyenv/bin/python3" "$here/test_interop.py" "$bin"
 bash "$here/walkthrough_steps.sh" "$pyenv" "$repo"
