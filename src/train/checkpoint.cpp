@@ -159,11 +159,12 @@ void save_run(const std::string& path, const Config& c, const RunConfig& rc,
     for (int64_t s : e.shape) n *= s;
     const std::string pre = "state." + e.key + ".";
     dict_set(*opt, pre + "step", scalar_tensor(w, float(st.step)));
-    for (const auto& [name, read] : {std::pair{"exp_avg", &a.m}, std::pair{"exp_avg_sq", &a.v}}) {
+    for (const auto& moment : {std::pair{"exp_avg", &a.m}, std::pair{"exp_avg_sq", &a.v}}) {
+      const ParamReader* read = moment.second;
       TensorRef t = w.add_storage("FloatStorage", n, [=, &c](const ByteSink& emit) {
         encode_entry(emit, c, e, *read, DType::f32);
       });
-      dict_set(*opt, pre + name, v_tensor(full_view(t, e.shape)));
+      dict_set(*opt, pre + moment.first, v_tensor(full_view(t, e.shape)));
     }
   }
   for (const StateEntry& e : optimizer_entries(c)) {
