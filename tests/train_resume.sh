@@ -131,11 +131,11 @@ else
     ok=0
     fail "SIGKILL: a step-00000003.pt appeared from a killed write"
   }
-  if [ $ok -eq 1 ] && "$bin" train --resume "$k/step-00000002.pt" --threads 2 --steps 20 \
-    --save-every 0 --output "$dir/after_kill.pt" --metrics "$dir/after_kill.jsonl" >"$dir/after.log" 2>&1 &&
+  if [ $ok -eq 1 ] && "$bin" train --resume "$k/step-00000002.pt" --threads 2 --save-every 0 \
+    --metrics "$dir/after_kill.jsonl" >"$dir/after.log" 2>&1 &&
     [ "$(numbers "$dir/after_kill.jsonl")" = "$(numbers "$d/full.jsonl" | sed -n '/"step":3,/,$p')" ] &&
-    same_tensors "$d/full.pt" "$dir/after_kill.pt"; then
-    pass "SIGKILL mid-save: step-1 and step-2 check, and step-2 resumes to the uninterrupted run"
+    same_tensors "$d/full.pt" "$k/step-00000020.pt" && ! compgen -G "$k/*.tmp.*" >/dev/null; then
+    pass "SIGKILL mid-save: step-1 and step-2 check, step-2 resumes to the uninterrupted run, and the killed save's temporary is gone"
   elif [ $ok -eq 1 ]; then
     fail "SIGKILL: resuming step-00000002.pt: $(tail -n 2 "$dir/after.log")"
   fi

@@ -85,12 +85,23 @@ class StopSignals {
   }, old_term_{};
 };
 
-// Removes all but the newest `keep` step-NNNNNNNN.pt of the folder (a FAILED one stays).
-void prune_checkpoints(const std::string& dir, int64_t keep) {
+// Tidies a checkpoint folder: removes the temporaries of saves whose process is gone (a run
+// killed mid-save: step-NNNNNNNN.pt.tmp.PID) and, with keep > 0, all but the newest `keep`
+// step-NNNNNNNN.pt (a FAILED one stays).
+void tidy_checkpoints(const std::string& dir, int64_t keep) {
   std::vector<std::pair<int64_t, std::string>> found;
+  std::vector<std::string> stale;
   if (DIR* d = opendir(dir.c_str())) {
     while (const dirent* e = readdir(d)) {
       const std::string n = e->d_name;
+      if (const size_t t = n.find(".pt.tmp."); n.compare(0, 5, "step-") == 0 && t != n.npos) {
+        const std::string pid = n.substr(t + 8);
+        if (!pid.empty() && pid.size() < 10 &&
+            pid.find_first_not_of("0123456789") == std::string::npos &&
+            kill(pid_t(std::stol(pid)), 0) != 0 && errno == ESRCH)
+          stale.push_back(n);
+        continue;
+      }
       if (n.size() < 12 || n.compare(0, 5, "step-") != 0 || n.compare(n.size() - 3, 3, ".pt") != 0)
         continue;
       const std::string digits = n.substr(5, n.size() - 8);
@@ -102,11 +113,13 @@ void prune_checkpoints(const std::string& dir, int64_t keep) {
     closedir(d);
   }
   std::sort(found.begin(), found.end());
+  for (size_t i = 0; keep > 0 && i + size_t(keep) < found.size(); ++i)
+    stale.push_back(found[i].second);
   const std::string sep = dir.back() == '/' ? "" : "/";
-  for (size_t i = 0; i + size_t(keep) < found.size(); ++i)
-    if (std::remove((dir + sep + found[i].second).c_str()) != 0)
+  for (const std::string& n : stale)
+    if (std::remove((dir + sep + n).c_str()) != 0)
       std::fprintf(stderr, "warning: could not remove %s%s%s (%s)\n", dir.c_str(), sep.c_str(),
-                   found[i].second.c_str(), std::strerror(errno));
+                   n.c_str(), std::strerror(errno));
 }
 
 // The mean loss over the val windows: fixed (window j is the B*T + 1 ids from j*B*T), as many
@@ -236,7 +249,7 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
     rec.initial_loss = rec.losses.empty() ? NAN : rec.losses.front();
     rec.final_loss = model.forward(fixed_batch(rc.B, rc.T, c.V));
     save_run(path, c, rc, meta, {master.reader(), m.reader(), v.reader()}, st, rec);
-    if (output_is_folder(rc.output) && rc.keep > 0) prune_checkpoints(rc.output, rc.keep);
+    if (output_is_folder(rc.output)) tidy_checkpoints(rc.output, rc.keep);
   };
   std::string failure;
   uint64_t tokens = st.tokens;
