@@ -98,20 +98,6 @@ def read_split(shards, split):
     return torch.from_numpy(np.concatenate(parts))
 
 
-def factor(s, steps, warmup=2, decay_ratio=0.8):
-    """TorchTitan's linear_warmup_stable_decay (linear, lr_min 0), as tiny-qwen3's schedule."""
-    warmup = min(warmup, steps)
-    decay = round(steps * decay_ratio)
-    if warmup + decay > steps:
-        decay = steps - warmup
-    stable = steps + 1 - warmup - decay
-    if s < warmup:
-        return (s + 1) / warmup
-    if s < warmup + stable:
-        return 1.0
-    return 1 - (s + 1 - warmup - stable) / decay
-
-
 ADAMW = dict(lr=8e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 VARIANTS = {"single-tensor": dict(foreach=False), "foreach": dict(foreach=True), "fused": dict(fused=True)}
 
@@ -156,7 +142,7 @@ def run(shards, mode, dtype, threads, B, T, steps, warmup, optimizer, limit_ms):
         optimizer = pick_optimizer(model)
     opt = adamw(model.parameters(), optimizer)
     total = warmup + steps
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: factor(s, total))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: Q.lr_factor(s, total))
     bf16 = dtype == "bfloat16"
 
     def fwd_loss(x, y):
@@ -232,7 +218,7 @@ def race(shards, dtype, threads, B, T, budget_s, val_tokens):
     def train_steps(steps, timed):
         model = Q.build_model("debugmodel", seq_len=T, seed=0, dtype=torch.float32)
         opt = adamw(model.parameters(), "fused" if torch.__version__ >= "2" else "foreach")
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: factor(s, steps))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: Q.lr_factor(s, steps))
         times = []
         for s in range(steps):
             t0 = time.perf_counter()

@@ -316,6 +316,24 @@ def loss_fn(logits, labels):
     return -(F.one_hot(labels, logp.shape[-1]) * logp).sum(-1).mean()
 
 
+def lr_factor(s, steps, warmup=2, decay_ratio=0.8, decay_type="linear", min_factor=0.0):
+    """TorchTitan's linear_warmup_stable_decay, as torchtitan/components/optimizer/
+    lr_scheduler.py builds and computes it: the factor LambdaLR applies at 0-based step s of
+    `steps` (the defaults are qwen3_debugmodel's, and `tiny-qwen3 train --data`'s)."""
+    warmup = min(warmup, steps)
+    decay = round(steps * decay_ratio)
+    if warmup + decay > steps:
+        decay = steps - warmup
+    stable = steps + 1 - warmup - decay
+    if s < warmup:
+        return (s + 1) / warmup
+    if s < warmup + stable:
+        return 1.0
+    p = (s + 1 - warmup - stable) / decay
+    f = {"linear": 1 - p, "sqrt": 1 - math.sqrt(p), "cosine": 0.5 * (1 + math.cos(math.pi * p))}
+    return min_factor + (1 - min_factor) * f[decay_type]
+
+
 def sgd_step(model, lr):
     """Plain SGD on every distinct parameter (the tied weight once); clears the gradients."""
     with torch.no_grad():

@@ -97,36 +97,39 @@ TEST(Qwen3, RefusesABatchOfAnotherSize) {
   EXPECT_NO_THROW(m.forward(text_batch(2, 13, c.V)));
 }
 
-// The analytic gradient against a directional finite difference of the reference model.
+// The analytic gradient against a directional finite difference of the reference model, causal
+// and block-causal.
 TEST(Qwen3, GradientMatchesFiniteDifferences) {
-  for (bool tied : {true, false}) {
-    const Config c = tiny(tied);
-    const std::vector<float> w = tiny_params(c);
-    const Batch b = fixed_batch(2, 9, c.V);
-    Qwen3 m(c, DType::f32, 2, 9, cpu_ops());
-    m.set_params(w.data());
-    m.forward(b);
-    m.backward();
-    std::vector<float> g(w.size());
-    m.get_grads(g.data());
-    // per parameter tensor: d/dh L(w + h u) with u = the tensor's gradient direction
-    for (const ParamView& v : make_layout(c).params) {
-      double gg = 0;
-      for (size_t i = 0; i < v.numel; ++i) gg += double(g[v.offset + i]) * g[v.offset + i];
-      const double norm = std::sqrt(gg);
-      ASSERT_GT(norm, 0) << v.name;
-      const double h = 1e-3;
-      std::vector<float> wp = w, wm = w;
-      for (size_t i = 0; i < v.numel; ++i) {
-        const double u = g[v.offset + i] / norm;
-        wp[v.offset + i] += float(h * u);
-        wm[v.offset + i] -= float(h * u);
+  for (bool tied : {true, false})
+    for (bool documents : {false, true}) {
+      const Config c = tiny(tied);
+      const std::vector<float> w = tiny_params(c);
+      const Batch b = documents ? text_batch(2, 9, c.V, 4) : fixed_batch(2, 9, c.V);
+      Qwen3 m(c, DType::f32, 2, 9, cpu_ops());
+      m.set_params(w.data());
+      m.forward(b);
+      m.backward();
+      std::vector<float> g(w.size());
+      m.get_grads(g.data());
+      // per parameter tensor: d/dh L(w + h u) with u = the tensor's gradient direction
+      for (const ParamView& v : make_layout(c).params) {
+        double gg = 0;
+        for (size_t i = 0; i < v.numel; ++i) gg += double(g[v.offset + i]) * g[v.offset + i];
+        const double norm = std::sqrt(gg);
+        ASSERT_GT(norm, 0) << v.name;
+        const double h = 1e-3;
+        std::vector<float> wp = w, wm = w;
+        for (size_t i = 0; i < v.numel; ++i) {
+          const double u = g[v.offset + i] / norm;
+          wp[v.offset + i] += float(h * u);
+          wm[v.offset + i] -= float(h * u);
+        }
+        const double num =
+            (ref::model_loss(c, wp.data(), b) - ref::model_loss(c, wm.data(), b)) / (2 * h);
+        EXPECT_NEAR(num, norm, 1e-3 * norm + 1e-4)
+            << v.name << " tied=" << tied << " documents=" << documents;
       }
-      const double num =
-          (ref::model_loss(c, wp.data(), b) - ref::model_loss(c, wm.data(), b)) / (2 * h);
-      EXPECT_NEAR(num, norm, 1e-3 * norm + 1e-4) << v.name << " tied=" << tied;
     }
-  }
 }
 
 TEST(Qwen3, RepeatedBatchGivesTheSameLossAndGradients) {
@@ -698,37 +701,6 @@ TEST(Qwen3, BlockCausalDocumentsAreSequencesOfTheirOwn) {
     return m.forward(b);
   };
   EXPECT_NEAR(loss(0, 12, true), (5 * loss(0, 5, false) + 7 * loss(5, 7, false)) / 12, 1e-5);
-}
-
-// The block-causal gradient against a directional finite difference of the reference model.
-TEST(Qwen3, BlockCausalGradientMatchesFiniteDifferences) {
-  for (bool tied : {true, false}) {
-    const Config c = tiny(tied);
-    const std::vector<float> w = tiny_params(c);
-    const Batch b = text_batch(2, 9, c.V, 4);
-    Qwen3 m(c, DType::f32, 2, 9, cpu_ops());
-    m.set_params(w.data());
-    m.forward(b);
-    m.backward();
-    std::vector<float> g(w.size());
-    m.get_grads(g.data());
-    for (const ParamView& v : make_layout(c).params) {
-      double gg = 0;
-      for (size_t i = 0; i < v.numel; ++i) gg += double(g[v.offset + i]) * g[v.offset + i];
-      const double norm = std::sqrt(gg);
-      ASSERT_GT(norm, 0) << v.name;
-      const double h = 1e-3;
-      std::vector<float> wp = w, wm = w;
-      for (size_t i = 0; i < v.numel; ++i) {
-        const double u = g[v.offset + i] / norm;
-        wp[v.offset + i] += float(h * u);
-        wm[v.offset + i] -= float(h * u);
-      }
-      const double num =
-          (ref::model_loss(c, wp.data(), b) - ref::model_loss(c, wm.data(), b)) / (2 * h);
-      EXPECT_NEAR(num, norm, 1e-3 * norm + 1e-4) << v.name << " tied=" << tied;
-    }
-  }
 }
 
 }  // namespace

@@ -6,7 +6,6 @@ same shards: the same losses, learning rates and gradient norms, step by step, i
 
 usage: test_train_text.py TINY_QWEN3 [--steps N]"""
 import json
-import math
 import os
 import random
 import struct
@@ -73,23 +72,6 @@ splits = {d: (read_split("train", d), read_split("val", d),
           for d in (shards, doc_shards)}
 
 
-def factor(s, steps, warmup, decay_ratio, decay_type, min_factor):
-    """TorchTitan's linear_warmup_stable_decay, as torchtitan/components/optimizer/
-    lr_scheduler.py builds and computes it."""
-    warmup = min(warmup, steps)
-    decay = round(steps * decay_ratio)
-    if warmup + decay > steps:
-        decay = steps - warmup
-    stable = steps + 1 - warmup - decay
-    if s < warmup:
-        return (s + 1) / warmup
-    if s < warmup + stable:
-        return 1.0
-    p = (s + 1 - warmup - stable) / decay
-    f = {"linear": 1 - p, "sqrt": 1 - math.sqrt(p), "cosine": 0.5 * (1 + math.cos(math.pi * p))}
-    return min_factor + (1 - min_factor) * f[decay_type]
-
-
 def torch_run(c):
     B, T, accum, steps = c["B"], c["T"], c["accum"], c["steps"]
     train_ids, val_ids, eos_id = splits[c["shards"]]
@@ -101,7 +83,8 @@ def torch_run(c):
     else:
         opt = torch.optim.SGD(model.parameters(), lr=c["lr"])
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: factor(s, steps, c["warmup"], c["decay_ratio"], c["decay_type"], c["lr_min"]))
+        opt, lambda s: tq3.lr_factor(s, steps, c["warmup"], c["decay_ratio"], c["decay_type"],
+                                    c["lr_min"]))
     per = B * T
     windows = (len(train_ids) - 1) // per
     out, w = [], 0
