@@ -232,7 +232,8 @@ void save_run(const std::string& path, const Config& c, const RunConfig& rc,
 }
 
 RunConfig read_run_config(const std::string& path) {
-  const PtReader pt(path);
+  // its pickle only: the records' CRC-32s (every tensor's bytes) are load_run's to check, once
+  const PtReader pt(path, false);
   const Reader r{path};
   const Value* run = pt.root->kind == Value::Dict ? pt.root->get("run") : nullptr;
   if (!run || run->kind != Value::Dict)
