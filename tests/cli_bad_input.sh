@@ -375,6 +375,26 @@ expect_error "train: --keep with a file --output" train --data "$dir/shards2" --
 expect_error "train: --stop-after at the last step" train --data "$dir/shards2" --steps 3 --stop-after 3 $out
 expect_error "train: --save-every without --data" train --save-every 2 $out
 expect_error "train: negative --save-every" train --data "$dir/shards2" --save-every -1 $out
+# eval: the text run's checkpoint and shards above (its val split: a few tokens)
+run="$dir/ck/run.pt"
+expect_error "eval: missing model" eval "$dir/ck/none.pt" --data "$dir/shards2"
+expect_error "eval: neither --data nor --text" eval "$run"
+expect_error "eval: both --data and --text" eval "$run" --data "$dir/shards2" --text "$dir/text.txt"
+expect_error "eval: zero --tokens" eval "$run" --data "$dir/shards2" --tokens 0
+expect_error "eval: negative --tokens" eval "$run" --data "$dir/shards2" --tokens -5
+expect_error "eval: zero --batch" eval "$run" --data "$dir/shards2" --batch 0
+expect_error "eval: --seq-len past the context" eval "$run" --data "$dir/shards2" --seq-len 4097
+expect_error "eval: a split shorter than a window" eval "$run" --data "$dir/shards2" --seq-len 100
+expect_error "eval: unknown split" eval "$run" --data "$dir/shards2" --split test
+expect_error "eval: unknown attention" eval "$run" --data "$dir/shards2" --attention full
+expect_error "eval: unknown dtype" eval "$run" --data "$dir/shards2" --dtype float16
+expect_error "eval: --data folder without meta.json" eval "$run" --data "$dir/full"
+expect_error "eval: shards of another tokenizer than the model's" eval "$run" --data "$dir/other"
+expect_error "eval: --tokenizer not the model's" eval "$run" --data "$dir/shards2" --tokenizer "$dir/tok2.json"
+expect_error "eval: --tokenizer not the shards'" eval "$dir/ck/walk.pt" --data "$dir/shards2" --tokenizer "$dir/tok2.json"
+expect_error "eval: shards of a tokenizer larger than the model's vocabulary" eval "$dir/ck/walk.pt" --data "$dir/bigvocab"
+expect_error "eval: --text with no tokenizer known" eval "$dir/ck/walk.pt" --text "$dir/text.txt"
+expect_error "eval: --text file missing" eval "$dir/ck/walk.pt" --text "$dir/none.txt" --tokenizer "$dir/tok.json"
 if command -v taskset >/dev/null; then
   expect_threads "default threads" 1 "" --
   expect_threads "--threads 2" 2 "--threads 2 is more than the 1 CPU(s)" -- --threads 2

@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/common.h"
@@ -192,6 +194,145 @@ TEST(Gemm, SkinnyProductsMatchTheGeneralPathBitForBit) {
               }
             }
   }
+}
+
+// The GEMV path (gemm.h: at most kGemvRows rows of A against W's contiguous rows) on every kernel
+// set, against plain double sums: both kinds (the bf16 kind's fp32 A rounded to bf16 by the
+// kernels), A in fp32 and bf16 storage, every Store mode, overwrite, accumulate and alpha, at
+// sizes off every vector width and unroll (K 1..1024: inside one vector, odd, a masked last step;
+// N from one row to several groups of R). Tolerance: an fp32 sum of exact products in any order,
+// |error| <= (K + 2) u sum |terms| (u = 2^-24, as above), then alpha's and the store's rounding
+// (half a bf16 ulp, 2^-9 relative, for Store::round and Store::bf16).
+TEST(Gemm, GemvMatchesPlainSums) {
+  FOR_EACH_SET(set) {
+    uint32_t seed = 1200;
+    for (int64_t M : {1, 2, 3, 5, 8})
+      for (int64_t K : {1, 7, 64, 129, 1024})
+        for (int64_t N : {1, 3, 17, 256, 1000})
+          for (int kind = 0; kind < 4; ++kind) {
+            const bool bf16 = kind & 1, a16 = kind & 2;
+            // A's values not bf16 where stored in fp32: the bf16 kind must round them itself
+            const Operand A = make(M, K, Layout::kcontig, a16, false, seed++);
+            const Operand B = make(N, K, Layout::kcontig, bf16, bf16, seed++);
+            ASSERT_TRUE(cpu::gemv_fits(bf16, M, N, K, A.view, B.view));
+            ASSERT_FALSE(cpu::gemv_fits(!bf16, M, N, K, A.view, B.view));
+            std::vector<double> want(size_t(M * N)), mag(size_t(M * N));
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t n = 0; n < N; ++n)
+                for (int64_t k = 0; k < K; ++k) {
+                  double a = A.val[size_t(m * K + k)];
+                  if (bf16) a = round_bf16(float(a));
+                  const double p = a * B.val[size_t(n * K + k)];
+                  want[size_t(m * N + n)] += p, mag[size_t(m * N + n)] += std::fabs(p);
+                }
+            const auto gemv = bf16 ? set->gemv_bf16 : set->gemv_f32;
+            const int64_t ldc = N + 5;
+            const std::vector<double> c0 = test::randn(size_t(M * ldc), seed++);
+            for (cpu::Store st : {cpu::Store::f32, cpu::Store::round, cpu::Store::bf16})
+              for (int op = 0; op < 4; ++op) {  // overwrite, accumulate, alpha, both
+                const bool acc = op & 1, c16 = st == cpu::Store::bf16;
+                const float alpha = op & 2 ? -0.375f : 1.0f;
+                if (c16 && (!bf16 || op > 0)) continue;  // (gemm.h)
+                std::vector<float> C(c0.begin(), c0.end());
+                std::vector<uint16_t> C16(size_t(M * ldc), 0x7fc1);
+                gemv(M, N, K, A.view, B.view, c16 ? reinterpret_cast<float*>(C16.data()) : C.data(),
+                     ldc, acc, alpha, st);
+                const std::string what = std::string(set->name) + ": M=" + std::to_string(M) +
+                                         " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                                         (bf16 ? " bf16" : " f32") + " kind, A in " +
+                                         (a16 ? "bf16" : "fp32") + ", store " +
+                                         std::to_string(int(st)) + ", op " + std::to_string(op);
+                for (int64_t m = 0; m < M; ++m)
+                  for (int64_t n = 0; n < ldc; ++n) {
+                    const size_t i = size_t(m * ldc + n);
+                    const float got = c16 ? bf16_to_f32(C16[i]) : C[i];
+                    if (n >= N) {  // the padding of each C row is never written
+                      if (c16) {
+                        ASSERT_EQ(C16[i], 0x7fc1) << what;
+                      } else {
+                        ASSERT_EQ(C[i], float(c0[i])) << what;
+                      }
+                      continue;
+                    }
+                    const double c = acc ? double(float(c0[i])) : 0.0,
+                                 w = alpha * want[size_t(m * N + n)] + c;
+                    double bound = double(K + 2) * 6e-8 *
+                                       (std::fabs(alpha) * mag[size_t(m * N + n)] + std::fabs(c)) +
+                                   1e-30;
+                    if (st != cpu::Store::f32) {
+                      bound += std::fabs(w) / 256;
+                      ASSERT_EQ(got, round_bf16(got)) << what;
+                    }
+                    ASSERT_NEAR(got, w, bound) << what << " at (" << m << ", " << n << ")";
+                  }
+              }
+          }
+  }
+}
+
+// The GEMV path's bits do not depend on the thread count (1, 2, 3: a band of several groups
+// each, N and K off every width) nor on the other rows of A (each row of an 8-row product is
+// that row's product alone: a sequence's logits do not depend on what it is decoded beside);
+// and gemm_f32 / gemm_bf16 take it up to kGemvRows rows and the packed path beyond, with the
+// packed path's bits there.
+TEST(Gemm, GemvBitsDoNotDependOnThreadsOrOtherRows) {
+  FOR_EACH_SET(set) {
+    uint32_t seed = 1300;
+    for (const Case& c : {Case{8, 4099, 129}, Case{5, 1000, 1024}, Case{3, 700, 2050}})
+      for (int kind = 0; kind < 4; ++kind) {
+        const bool bf16 = kind & 1, a16 = kind & 2;
+        const auto gemv = bf16 ? set->gemv_bf16 : set->gemv_f32;
+        const cpu::Store st = bf16 ? cpu::Store::round : cpu::Store::f32;
+        const Operand A = make(c.M, c.K, Layout::kcontig, a16, false, seed++);
+        const Operand B = make(c.N, c.K, Layout::kcontig, bf16, bf16, seed++);
+        const std::string what = std::string(set->name) + ": M=" + std::to_string(c.M) +
+                                 " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                                 " kind " + std::to_string(kind);
+        std::vector<float> one;
+        for (int threads : {1, 2, 3}) {
+          omp_set_num_threads(threads);
+          std::vector<float> C(size_t(c.M * c.N), 1e30f);
+          gemv(c.M, c.N, c.K, A.view, B.view, C.data(), c.N, false, 1.0f, st);
+          if (threads == 1)
+            one = C;
+          else
+            ASSERT_EQ(std::memcmp(C.data(), one.data(), C.size() * 4), 0)
+                << what << ": differs between 1 and " << threads << " threads";
+        }
+        omp_set_num_threads(cpu::threads());
+        const int64_t es = a16 ? 2 : 4;
+        for (int64_t m = 0; m < c.M; ++m) {
+          const cpu::View row{static_cast<const char*>(A.view.p) + m * c.K * es, a16, c.K, 1};
+          std::vector<float> C(size_t(c.N));
+          gemv(1, c.N, c.K, row, B.view, C.data(), c.N, false, 1.0f, st);
+          ASSERT_EQ(std::memcmp(C.data(), one.data() + m * c.N, C.size() * 4), 0)
+              << what << ": row " << m << " alone";
+        }
+      }
+  }
+  // the dispatch, on the set in use (TQ_CPU=avx2 caps it)
+  const char* cap = std::getenv("TQ_CPU");
+  if (!cpu::own_kernels()) GTEST_SKIP() << "no AVX2/AVX-512 kernels in use: OpenBLAS runs";
+  const cpu::GemmSet* set = cap && std::string(cap) == "avx2" ? nullptr
+                                                               : cpu::gemm_set(cpu::Isa::avx512);
+  if (!set) set = cpu::gemm_set(cpu::Isa::avx2);
+  uint32_t seed = 1400;
+  for (int64_t M : {int64_t(1), cpu::kGemvRows, cpu::kGemvRows + 1})
+    for (bool bf16 : {false, true}) {
+      const int64_t N = 300, K = 200;
+      const Operand A = make(M, K, Layout::kcontig, false, false, seed++);
+      const Operand B = make(N, K, Layout::kcontig, bf16, bf16, seed++);
+      std::vector<float> C(size_t(M * N)), want(C.size());
+      if (bf16)
+        cpu::gemm_bf16(M, N, K, A.view, B.view, C.data(), N, false);
+      else
+        cpu::gemm_f32(M, N, K, A.view, B.view, C.data(), N, false);
+      const auto path = M <= cpu::kGemvRows ? (bf16 ? set->gemv_bf16 : set->gemv_f32)
+                                            : (bf16 ? set->bf16 : set->f32);
+      path(M, N, K, A.view, B.view, want.data(), N, false, 1.0f, cpu::Store::f32);
+      ASSERT_EQ(std::memcmp(C.data(), want.data(), C.size() * 4), 0)
+          << set->name << ": M=" << M << (bf16 ? " bf16" : " f32");
+    }
 }
 
 // A product whose packing buffer cannot be allocated says so in one line and exits 2, before

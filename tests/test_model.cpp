@@ -183,7 +183,7 @@ TEST(Qwen3, AStepIsTheSameAtEveryThreadCount) {
   };
   const auto run = [&](DType dt, int t) {
     cpu::set_threads(t);
-    Qwen3 fused(c, dt, B, T, cpu_ops(), true), plain(c, dt, B, T, cpu_ops());
+    Qwen3 fused(c, dt, B, T, cpu_ops(), Use::sgd), plain(c, dt, B, T, cpu_ops());
     fused.set_params(w.data());
     plain.set_params(w.data());
     Run r;
@@ -531,16 +531,16 @@ Ops full_ops() {
 TEST(MemoryPlan, CountsEveryArena) {
   const Config& dm = preset("debugmodel");
   const Ops bare = bare_ops(), full = full_ops();
-  const MemoryPlan mp = memory_plan(dm, DType::f32, 1, 32, bare, false);
+  const MemoryPlan mp = memory_plan(dm, DType::f32, 1, 32, bare, Use::train);
   EXPECT_EQ(mp.params, 31987968u * 4);
   EXPECT_EQ(mp.grads, mp.params);
   EXPECT_GT(mp.activations, 32u * 2048 * 4);  // at least the logits
   EXPECT_LT(mp.activations, 64u << 20);
   // trained by the step alone, but with no fused step: still every gradient
-  EXPECT_EQ(memory_plan(dm, DType::f32, 1, 32, bare, true).grads, mp.grads);
+  EXPECT_EQ(memory_plan(dm, DType::f32, 1, 32, bare, Use::sgd).grads, mp.grads);
   // bf16: half the parameter and gradient bytes, plus two fp32 buffers of the largest
   // parameter (w1|w3, 2 x 3072 x 256) for the layers' fp32 views
-  const MemoryPlan mb = memory_plan(dm, DType::bf16, 1, 32, bare, false);
+  const MemoryPlan mb = memory_plan(dm, DType::bf16, 1, 32, bare, Use::train);
   EXPECT_EQ(mb.params, 31987968u * 2);
   EXPECT_EQ(mb.grads, mb.params);
   EXPECT_EQ(mb.activations, mp.activations);
@@ -552,7 +552,7 @@ TEST(MemoryPlan, CountsEveryArena) {
   // the matrices' gradients stored straight into bf16 and the embedding's added there by its
   // rows (without those two ops it holds any parameter's: via_f32)
   const size_t halved = 4096 + 2 * 2048 + 2 * 1024 + 3 * 3072;  // per token
-  const MemoryPlan mh = memory_plan(dm, DType::bf16, 1, 32, full, false);
+  const MemoryPlan mh = memory_plan(dm, DType::bf16, 1, 32, full, Use::train);
   Ops via_f32 = full;
   via_f32.embedding_backward_bf16 = nullptr;
   via_f32.matmul_backward_bf16g = nullptr;
@@ -571,28 +571,28 @@ TEST(MemoryPlan, CountsEveryArena) {
   // attention taking QK-norm + RoPE in keeps no q, k, v (per token 2048 + 1024 + 1024) nor their
   // gradients (dq, dk, dv, and the fp32 dqr, dkr of the composition)
   const size_t qkv = 2048 + 1024 + 1024, dqkr = (2048 + 1024) * 4;
-  EXPECT_EQ(memory_plan(dm, DType::f32, 1, 32, full, false).activations,
+  EXPECT_EQ(memory_plan(dm, DType::f32, 1, 32, full, Use::train).activations,
             mp.activations - 8u * 32 * qkv * 4);
   EXPECT_EQ(mh.activations,
             mb.activations - 8u * 32 * (halved + qkv) * 2 - 8u * size_t(s32 - s16) * 4);
   EXPECT_EQ(mh.scratch, mp.scratch - 32u * (halved + qkv) * 2 - 32u * dqkr + (256 + 256) * 4);
-  EXPECT_EQ(memory_plan(dm, DType::bf16, 1, 32, via_f32, false).scratch,
+  EXPECT_EQ(memory_plan(dm, DType::bf16, 1, 32, via_f32, Use::train).scratch,
             mh.scratch + (2 * 3072 * 256 - 256) * 4);
   // trained by the fused step alone: gradients of the tied embedding (V x C) and the norms
   // (attention, feed-forward, q and k of 8 layers, the final one) only; without the two ops a
   // gradient buffer of the embedding's size
   const size_t unfused = 2048 * 256 + 8 * (256 + 256 + 128 + 128) + 256;
-  EXPECT_EQ(memory_plan(dm, DType::f32, 1, 32, full, true).grads, unfused * 4);
-  const MemoryPlan ms = memory_plan(dm, DType::bf16, 1, 32, full, true);
+  EXPECT_EQ(memory_plan(dm, DType::f32, 1, 32, full, Use::sgd).grads, unfused * 4);
+  const MemoryPlan ms = memory_plan(dm, DType::bf16, 1, 32, full, Use::sgd);
   EXPECT_EQ(ms.grads, unfused * 2);
   EXPECT_EQ(ms.scratch, mh.scratch);
-  EXPECT_EQ(memory_plan(dm, DType::bf16, 1, 32, via_f32, true).scratch,
+  EXPECT_EQ(memory_plan(dm, DType::bf16, 1, 32, via_f32, Use::sgd).scratch,
             mh.scratch + (2048 * 256 - 256) * 4);
   // an untied head takes its step in its product too
   Config untied = dm;
   untied.tied = false;
-  EXPECT_EQ(memory_plan(untied, DType::bf16, 1, 32, full, true).grads, unfused * 2);
-  EXPECT_EQ(memory_plan(untied, DType::bf16, 1, 32, full, false).grads,
+  EXPECT_EQ(memory_plan(untied, DType::bf16, 1, 32, full, Use::sgd).grads, unfused * 2);
+  EXPECT_EQ(memory_plan(untied, DType::bf16, 1, 32, full, Use::train).grads,
             (31987968u + 2048 * 256) * 2);
 }
 
@@ -608,7 +608,7 @@ TEST(Qwen3, SgdOnlyModelTrainsTheSameInLessMemory) {
         const Config c = tiny(tied);
         const std::vector<float> w = tiny_params(c);
         const Batch b = fixed_batch(2, 9, c.V);
-        Qwen3 m1(c, dt, 2, 9, o), m2(c, dt, 2, 9, o, true);
+        Qwen3 m1(c, dt, 2, 9, o), m2(c, dt, 2, 9, o, Use::sgd);
         m1.set_params(w.data());
         m2.set_params(w.data());
         std::vector<float> p1(w.size()), p2(w.size());
@@ -623,7 +623,7 @@ TEST(Qwen3, SgdOnlyModelTrainsTheSameInLessMemory) {
           ASSERT_EQ(p1, p2) << what << " step " << s;
         }
         const bool compact =
-            memory_plan(c, dt, 2, 9, o, true).grads < memory_plan(c, dt, 2, 9, o, false).grads;
+            memory_plan(c, dt, 2, 9, o, Use::sgd).grads < memory_plan(c, dt, 2, 9, o, Use::train).grads;
         EXPECT_EQ(compact, o.matmul_backward_sgd != nullptr) << what;
         if (compact) {
           EXPECT_THROW(m2.backward(), Error) << what;

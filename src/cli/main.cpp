@@ -21,6 +21,8 @@
 #include "cpu/runtime.h"
 #include "cuda/ops.h"
 #include "data/prepare.h"
+#include "infer/commands.h"
+#include "infer/eval.h"
 #include "io/checkpoint.h"
 #include "io/export.h"
 #include "io/file.h"
@@ -52,6 +54,8 @@ struct TrainArgs {
   std::string attention;  // "": block-causal with --data (TorchTitan's), else causal
   int64_t grad_accum = 1, warmup = 2, val_every = 0, val_tokens = 0, log_every = 1;
   int64_t save_every = 0, keep = 0, stop_after = 0;
+  int64_t sample_every = 0, sample_tokens = 32;
+  std::vector<std::string> prompts;
   std::string resume;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, decay_ratio = 0.8, lr_min = 0,
          max_norm = 1.0;
@@ -61,14 +65,7 @@ struct TrainArgs {
   }
 };
 
-double available_memory_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string line;
-  double kb;
-  while (std::getline(f, line))
-    if (std::sscanf(line.c_str(), "MemAvailable: %lf kB", &kb) == 1) return kb * 1024;
-  return INFINITY;
-}
+using cpu::available_memory_bytes;
 
 std::string fmt_g(double v) {
   char b[64];
@@ -127,6 +124,7 @@ train::RunConfig to_run_config(const TrainArgs& a) {
   r.val_every = a.val_every, r.val_tokens = a.val_tokens, r.log_every = a.log_every;
   r.metrics = a.metrics;
   r.save_every = a.save_every, r.keep = a.keep, r.stop_after = a.stop_after, r.resume = a.resume;
+  r.sample_every = a.sample_every, r.sample_tokens = a.sample_tokens, r.prompts = a.prompts;
   return r;
 }
 
@@ -195,7 +193,8 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
     for (const char* f : {"--data-order", "--grad-accum", "--beta1", "--beta2", "--eps",
                           "--weight-decay", "--warmup-steps", "--decay-ratio", "--decay-type",
                           "--lr-min", "--max-norm", "--val-every", "--val-tokens", "--log-every",
-                          "--metrics", "--save-every", "--keep", "--stop-after"})
+                          "--metrics", "--save-every", "--keep", "--stop-after",
+                          "--sample-every", "--prompt", "--sample-tokens"})
       if (a.has(f))
         throw Error(std::string(f) +
                     " is for training on text: give --data DIR (shards from "
@@ -240,6 +239,13 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
       throw Error(
           "--keep needs --output to be a folder (end it with /): a file holds one "
           "checkpoint");
+    if (a.sample_every < 0)
+      throw Error("--sample-every must be 0 (at the end only) or more, got " +
+                  std::to_string(a.sample_every));
+    if (a.sample_every > 0 && a.prompts.empty())
+      throw Error("--sample-every needs --prompt TEXT (what the samples continue)");
+    if (a.sample_tokens < 1)
+      throw Error("--sample-tokens must be at least 1, got " + std::to_string(a.sample_tokens));
     if (a.stop_after < 0 || (a.stop_after > 0 && a.stop_after >= a.steps))
       throw Error("--stop-after must be a step before the last (1.." + std::to_string(a.steps - 1) +
                   "), got " + std::to_string(a.stop_after));
@@ -260,7 +266,7 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
   // (on the GPU, the CUDA backend's arenas: planned below, once it is known to load)
   const auto plan_on = [&](const Ops& ops) {
     MemoryPlan p = memory_plan(c, dtype, a.batch_size, a.seq_len, ops,
-                               a.dump_first_step.empty() && a.data.empty());
+                               a.dump_first_step.empty() && a.data.empty() ? Use::sgd : Use::train);
     if (!a.data.empty())
       p.optimizer = train::optimizer_bytes(to_run_config(a), make_layout(c).total);
     return p;
@@ -382,7 +388,7 @@ int train_walkthrough_or_text(TrainArgs a) {
   const Ops& ops = gpu ? cuda_ops() : cpu_ops();
   // --dump-first-step takes the first step unfused, to keep every gradient
   Qwen3 model(c, dtype, a.batch_size, a.seq_len, a.profile ? profiled(ops) : ops,
-              a.dump_first_step.empty());
+              a.dump_first_step.empty() ? Use::sgd : Use::train);
   const ParamSink sink = [&](size_t off, const float* x, size_t n) { model.set_params(x, off, n); };
   if (src) {
     load_params(*src, c, sink);
@@ -648,6 +654,12 @@ int main(int argc, char** argv) {
       ->transform(kDecimal);
   tr->add_option("--stop-after", a.stop_after, "save and stop after step K (resumable; exit 3)")
       ->transform(kDecimal);
+  tr->add_option("--sample-every", a.sample_every,
+                 "print each --prompt's greedy continuation every N steps (and at the end)")
+      ->transform(kDecimal);
+  tr->add_option("--prompt", a.prompts, "text the samples continue (repeat for more)");
+  tr->add_option("--sample-tokens", a.sample_tokens, "tokens a sample adds (32)")
+      ->transform(kDecimal);
   tr->add_option("--resume", a.resume,
                  "continue the run of this checkpoint (its configuration; --steps may grow)")
       ->check(kPath);
@@ -668,6 +680,80 @@ int main(int argc, char** argv) {
       ->transform(kDecimal);
   ck->add_option("--save-logits", ca.save_logits, "also write the logits [T, V] (.safetensors)")
       ->check(kPath);
+  infer::GenerateArgs ga;
+  CLI::App* ge = app.add_subcommand("generate", "continue prompts with a model (KV cache)");
+  ge->add_option("model", ga.model, "a .pt, .safetensors or Hugging Face folder")
+      ->required()
+      ->check(kPath);
+  ge->add_option("--tokenizer", ga.tokenizer,
+                 "a tokenizer.json (default: the one the checkpoint's shards name)")
+      ->check(kPath);
+  ge->add_option("--prompt", ga.prompts, "text to continue (repeat for a batch)");
+  ge->add_option("--prompt-file", ga.prompt_file, "prompts, one a line, run as one batch")
+      ->check(kPath);
+  ge->add_option("--max-new-tokens", ga.max_new_tokens, "tokens to add to each prompt")
+      ->transform(kDecimal)
+      ->capture_default_str();
+  ge->add_option("--temperature", ga.sampling.temperature, "softmax temperature (0: greedy)")
+      ->capture_default_str();
+  ge->add_option("--top-k", ga.sampling.top_k, "sample from the k most likely tokens (0: all)")
+      ->transform(kDecimal)
+      ->capture_default_str();
+  ge->add_option("--top-p", ga.sampling.top_p,
+                 "sample from the most likely tokens holding this probability (1: all)")
+      ->capture_default_str();
+  ge->add_option("--seed", ga.sampling.seed, "the sampling generator's seed")
+      ->transform(kDecimal)
+      ->capture_default_str();
+  ge->add_flag("--greedy", ga.sampling.greedy, "always the most likely token");
+  ge->add_option("--dtype", ga.dtype, "bfloat16 or float32 (default: the model's)");
+  ge->add_option("--preset", ga.preset,
+                 "check the weights against this preset (default: inferred)");
+  ge->add_option("--threads", ga.threads,
+                 "CPU threads (default: OMP_NUM_THREADS, else the CPUs this process may run on)")
+      ->transform(kDecimal)
+      ->check(CLI::Range(1, 4096).description(""));
+  ge->add_flag("--json", ga.json, "print ids, text and each token's log-probability as JSON");
+  ge->add_flag("--profile", ga.profile, "print where the time went, kernel by kernel");
+  infer::EvalArgs va;
+  int64_t eval_tokens = 0, eval_seq_len = 0, eval_batch = 0;
+  CLI::App* ev =
+      app.add_subcommand("eval", "loss, perplexity and bits per byte of a model on held-out text");
+  ev->add_option("model", va.model, "a .pt, .safetensors or Hugging Face folder")
+      ->required()
+      ->check(kPath);
+  CLI::Option* ev_data =
+      ev->add_option("--data", va.data, "token shards from tiny-qwen3 prepare (this folder)")
+          ->check(kPath);
+  CLI::Option* ev_text =
+      ev->add_option("--text", va.text, "or a UTF-8 text file (one document)")->check(kPath);
+  ev_data->excludes(ev_text);
+  ev->add_option("--split", va.split, "with --data: val or train")->capture_default_str();
+  CLI::Option* ev_tokens =
+      ev->add_option("--tokens", eval_tokens,
+                     "at most this many target tokens, in whole windows (default: all)")
+          ->transform(kDecimal);
+  CLI::Option* ev_seq_len =
+      ev->add_option("--seq-len", eval_seq_len,
+                     "tokens each window predicts (default: the recorded run's, else 2048)")
+          ->transform(kDecimal);
+  CLI::Option* ev_batch =
+      ev->add_option("--batch", eval_batch,
+                     "windows a forward takes (default: the recorded run's batch size, else 1)")
+          ->transform(kDecimal);
+  ev->add_option("--dtype", va.dtype, "bfloat16 or float32 (default: the model's)");
+  ev->add_option("--attention", va.attention,
+                 "causal or block-causal (default: the recorded run's, else causal)");
+  ev->add_option("--tokenizer", va.tokenizer,
+                 "a tokenizer.json (default: the shards', or the one the model records)")
+      ->check(kPath);
+  ev->add_option("--preset", va.preset,
+                 "check the weights against this preset (default: inferred)");
+  ev->add_option("--threads", va.threads,
+                 "CPU threads (default: OMP_NUM_THREADS, else the CPUs this process may run on)")
+      ->transform(kDecimal)
+      ->check(CLI::Range(1, 4096).description(""));
+  ev->add_flag("--json", va.json, "print one JSON object");
   ExportArgs ea;
   CLI::App* ex = app.add_subcommand("export", "write a model file for other tools");
   ex->add_option("checkpoint", ea.path, "a .pt, .safetensors or Hugging Face folder")
@@ -784,6 +870,19 @@ int main(int argc, char** argv) {
       if (a.optimizer.empty()) a.optimizer = text ? "adamw" : "sgd";
       if (a.attention.empty()) a.attention = text ? "block-causal" : "causal";
       return train_walkthrough_or_text(a);
+    }
+    if (ge->parsed()) {
+      ga.threads = threads_for(ga.threads);
+      cpu::set_threads(ga.threads);
+      return infer::generate_command(ga);
+    }
+    if (ev->parsed()) {
+      if (ev_tokens->count()) va.tokens = eval_tokens;
+      if (ev_seq_len->count()) va.seq_len = eval_seq_len;
+      if (ev_batch->count()) va.batch = eval_batch;
+      va.threads = threads_for(va.threads);
+      cpu::set_threads(va.threads);
+      return infer::eval_command(va);
     }
     if (ex->parsed()) return export_model(ea);
     if (en->parsed()) return text::encode_command(ena);

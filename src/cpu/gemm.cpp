@@ -146,6 +146,8 @@ const GemmSet* gemm_set(Isa isa) {
       "avx512",
       avx512::kernels.f32,
       avx2::kernels.bf16,
+      avx512::kernels.gemv_f32,
+      avx2::kernels.gemv_bf16,
       avx2::kernels.bf16_sgd,
       avx512::kernels.f32_dx_sgd,
       avx2::kernels.bf16_dx_sgd,
@@ -183,14 +185,24 @@ const char* kernels_name() {
   return name.c_str();
 }
 
+bool gemv_fits(bool bf16_kind, int64_t M, int64_t N, int64_t K, const View& A, const View& B) {
+  return M >= 1 && M <= kGemvRows && N >= 1 && K >= 1 && A.ks == 1 && B.ks == 1 &&
+         B.bf16 == bf16_kind;
+}
+
 void gemm_f32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,
               bool accumulate, float alpha, Store store) {
   if (!active() || store == Store::bf16) std::abort();  // callers check own_kernels()
+  if (gemv_fits(false, M, N, K, A, B))
+    return active()->gemv_f32(M, N, K, A, B, C, ldc, accumulate, alpha, store);
   active()->f32(M, N, K, A, B, C, ldc, accumulate, alpha, store);
 }
 void gemm_bf16(int64_t M, int64_t N, int64_t K, View A, View B, void* C, int64_t ldc,
                bool accumulate, float alpha, Store store) {
   if (!active() || (store == Store::bf16 && (accumulate || alpha != 1.0f))) std::abort();
+  if (gemv_fits(true, M, N, K, A, B))
+    return active()->gemv_bf16(M, N, K, A, B, static_cast<float*>(C), ldc, accumulate, alpha,
+                               store);
   active()->bf16(M, N, K, A, B, static_cast<float*>(C), ldc, accumulate, alpha, store);
 }
 void gemm_bf16_sgd(int64_t M, int64_t N, int64_t K, View A, View B, uint16_t* W, int64_t ldw,

@@ -109,6 +109,7 @@ class AttnProbs {
 struct GemmSet {
   const char* name;  // "avx512_bf16", "avx512", "avx2"
   GemmFn f32, bf16;
+  GemmFn gemv_f32, gemv_bf16;  // the GEMV path (below): only where gemv_fits says so
   GemmSgdFn bf16_sgd;
   GemmDxSgdFn f32_dx_sgd;     // gemm_f32_dx_sgd
   GemmDxSgd16Fn bf16_dx_sgd;  // gemm_bf16_dx_sgd
@@ -150,6 +151,21 @@ using Sgemm = int (*)(char transa, char transb, int64_t M, int64_t N, int64_t K,
 // feeds gemm_f32_dx_sgd's fallback (one warning, then dx and the step on our kernels).
 Sgemm swap_library_sgemm(Sgemm fn);
 const char* kernels_name();  // for the device line: "avx2 kernels", ..., "OpenBLAS kernels"
+
+// The GEMV path: products of at most kGemvRows rows of A (decoding: one new token per sequence)
+// against weights B whose rows are contiguous (B.ks == 1; B = W [OC, IC], the kind's storage:
+// fp32 for the f32 kind, bf16 for the bf16 kind), A's rows contiguous (either storage). Such a
+// product is bound by reading W once, where the packed path (gemm_skinny) spends its time on
+// tiles 8-32x wider than the rows A has: each W row is read once and summed against every row
+// of A (in L1), the threads taking contiguous bands of W's rows. Each C element is one
+// accumulator of vector lanes over k in order, then the lanes added in a fixed tree (bf16 kind
+// on AVX-512 BF16: vdpbf16ps pairs, as the packed kernels; else one FMA per product): the
+// same bits whatever the thread count, and whatever the other rows of A are; not the bits of
+// the packed path, which sums in its own order. gemm_f32 / gemm_bf16 take it where it fits.
+// At 8 rows it still reads W at ~DRAM speed, and gemm_skinny took 2-5x as long at M <= 8
+// (docs/performance.md).
+constexpr int64_t kGemvRows = 8;
+bool gemv_fits(bool bf16_kind, int64_t M, int64_t N, int64_t K, const View& A, const View& B);
 
 // With accumulate and alpha != 1, each C element is fma(sum, alpha, C): one rounding.
 void gemm_f32(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc,

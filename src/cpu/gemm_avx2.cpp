@@ -325,6 +325,91 @@ inline void store_transposed(float* C, int64_t ldc, const float* T, int64_t ldt,
   }
 }
 
+// ---- GEMV (gemm_driver.h): one vector of k of each of R W rows against M rows of A ----
+
+// M R accumulators, one per C element: at most 12 of the 16 ymm, the rest for W and A.
+constexpr int gemv_r(int M) {
+  return M == 1 ? 8 : M == 2 ? 6 : M == 3 ? 4 : M == 4 ? 3 : M <= 6 ? 2 : 1;
+}
+
+// v's lanes added in a fixed tree: halves, then quarters, ... (the same for every element)
+inline float hsum(__m256 v) {
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+}
+
+// 16 bf16 from p, n of them valid (the rest 0): lane j holds k = 2j low, 2j + 1 high.
+inline __m256i load16_bf16(const uint16_t* p, int64_t n) {
+  if (n >= 16) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  alignas(32) uint16_t t[16] = {};
+  for (int64_t j = 0; j < n; ++j) t[j] = p[j];
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(t));
+}
+// Those k's as fp32: the even ones (shifted into the high halves) and the odd ones (masked).
+inline __m256 even_bf16(__m256i v) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+inline __m256 odd_bf16(__m256i v) {
+  return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u))));
+}
+
+// sums[m * R + r] = row m of A . row w[r] over K elements, lane j of a step's vector summing its
+// k's in order, one FMA per product: fp32 (8 k a step; the last step masked to K), or for the
+// bf16 kind W's bf16 widened in the register, 16 k a step, as its even and then its odd k's
+// (gemv_a lays A's rounded rows out that way, zero past K).
+template <int MM, bool BF>
+void gemv_rows(int64_t K, const void* A, int64_t lda, const void* const* w, float* sums) {
+  constexpr int R = gemv_r(MM);
+  const float* ar[MM];
+  __m256 c[MM][R];
+#pragma GCC unroll 8
+  for (int m = 0; m < MM; ++m) {
+    ar[m] = static_cast<const float*>(A) + m * lda;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) c[m][r] = _mm256_setzero_ps();
+  }
+  if constexpr (BF) {
+    const uint16_t* wr[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wr[r] = static_cast<const uint16_t*>(w[r]);
+    const auto step = [&](int64_t k, int64_t n) __attribute__((always_inline)) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256i x = load16_bf16(wr[r] + k, n);
+        const __m256 xe = even_bf16(x), xo = odd_bf16(x);
+#pragma GCC unroll 8
+        for (int m = 0; m < MM; ++m) {
+          c[m][r] = _mm256_fmadd_ps(_mm256_load_ps(ar[m] + k), xe, c[m][r]);
+          c[m][r] = _mm256_fmadd_ps(_mm256_load_ps(ar[m] + k + 8), xo, c[m][r]);
+        }
+      }
+    };
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) step(k, 16);
+    if (k < K) step(k, K - k);
+  } else {
+    const float* wr[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wr[r] = static_cast<const float*>(w[r]);
+    const auto step = [&](int64_t k, int64_t n) __attribute__((always_inline)) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256 x = load_f32(wr[r] + k, n);
+#pragma GCC unroll 8
+        for (int m = 0; m < MM; ++m) c[m][r] = _mm256_fmadd_ps(load_f32(ar[m] + k, n), x, c[m][r]);
+      }
+    };
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) step(k, 8);
+    if (k < K) step(k, K - k);
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MM; ++m)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) sums[m * R + r] = hsum(c[m][r]);
+}
+
 // The kernel set for gemm_driver.h (the bf16 kind one k per slot, rounded on packing).
 struct Kern {
   static constexpr int MR = cpu::MR, NR = cpu::NR;
@@ -398,6 +483,65 @@ struct Kern {
                          int64_t ldc, int mr, int nr, bool acc, Store st = Store::f32) {
     cpu::micro<false, ASrc::f32_cols>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr, nr,
                                       acc, 1.0f, nullptr, 0, nullptr, 0, lda, st);
+  }
+  // GEMV (gemm_driver.h): the f32 kind reads fp32 A in place and widens bf16 rows; the bf16
+  // kind lays every row out for gemv_rows, rounded to bf16 (as the packs round it), each 16 k's
+  // as their 8 even then their 8 odd ones, zero past K.
+  static constexpr int gemv_r(int M) { return cpu::gemv_r(M); }
+  template <bool BF>
+  static const void* gemv_a(const View& A, int M, int64_t K, int64_t& lda) {
+    if (!BF && !A.bf16) {
+      lda = A.rs;
+      return A.p;
+    }
+    lda = (K + 15) / 16 * 16;
+    float* d = reinterpret_cast<float*>(workspace(M * lda));
+    for (int m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; k += 16) {
+        const int64_t n = K - k;
+        float* dk = d + m * lda + k;
+        if (!BF) {  // bf16 widened
+          const uint16_t* p = static_cast<const uint16_t*>(A.p) + m * A.rs + k;
+          _mm256_store_ps(dk, load_bf16(p, n));
+          _mm256_store_ps(dk + 8, load_bf16(p + 8, n - 8));
+          continue;
+        }
+        __m256i v;
+        if (A.bf16) {
+          v = load16_bf16(static_cast<const uint16_t*>(A.p) + m * A.rs + k, n);
+        } else {  // fp32 rounded to bf16, 16 of them into one vector in order
+          const float* p = static_cast<const float*>(A.p) + m * A.rs + k;
+          const __m256i u0 = _mm256_srli_epi32(round_bits(_mm256_castps_si256(load_f32(p, n))), 16),
+                        u1 = _mm256_srli_epi32(
+                            round_bits(_mm256_castps_si256(load_f32(p + 8, n - 8))), 16);
+          v = _mm256_permute4x64_epi64(_mm256_packus_epi32(u0, u1), 0xd8);
+        }
+        _mm256_store_ps(dk, even_bf16(v));
+        _mm256_store_ps(dk + 8, odd_bf16(v));
+      }
+    return d;
+  }
+  template <bool BF>
+  static void gemv_rows(int M, int64_t K, const void* a, int64_t lda, const void* const* w,
+                        float* sums) {
+    switch (M) {
+      case 1:
+        return cpu::gemv_rows<1, BF>(K, a, lda, w, sums);
+      case 2:
+        return cpu::gemv_rows<2, BF>(K, a, lda, w, sums);
+      case 3:
+        return cpu::gemv_rows<3, BF>(K, a, lda, w, sums);
+      case 4:
+        return cpu::gemv_rows<4, BF>(K, a, lda, w, sums);
+      case 5:
+        return cpu::gemv_rows<5, BF>(K, a, lda, w, sums);
+      case 6:
+        return cpu::gemv_rows<6, BF>(K, a, lda, w, sums);
+      case 7:
+        return cpu::gemv_rows<7, BF>(K, a, lda, w, sums);
+      default:
+        return cpu::gemv_rows<8, BF>(K, a, lda, w, sums);
+    }
   }
 };
 
@@ -560,6 +704,8 @@ extern const GemmSet kernels = {
     "avx2",
     gemm_entry<false>,
     gemm_entry<true>,
+    gemv<Kern, false>,
+    gemv<Kern, true>,
     gemm_sgd16<Kern>,
     gemm_dx_sgd<gemm_entry<false>, false>,
     gemm_dx_sgd16<gemm_entry<true>, gemm_sgd16<Kern>, per_slot(Kern::kBf16Slot), false>,

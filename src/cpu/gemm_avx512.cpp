@@ -419,6 +419,85 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
   }
 }
 
+// ---- GEMV (gemm_driver.h): one vector of k of each of R W rows against M rows of A ----
+
+// M R accumulators, one per C element, beside R vectors of W and one of A: at most 29 of the 32
+// zmm. In L2, one core summed 8 rows at 40 GB/s of W (R = 3; vdpbf16ps at ~75 % of tq_peak),
+// 1 row at 96 (R = 8); R = 12 for one row spilled (half the speed).
+constexpr int gemv_r(int M) {
+  return M <= 2 ? 8 : M == 3 ? 6 : M == 4 ? 5 : M <= 6 ? 4 : 3;
+}
+
+// v's lanes added in a fixed tree: halves, then quarters, ... (the same for every element)
+inline float hsum(__m512 v) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+}
+
+// sums[m * R + r] = row m of A . row w[r] over K elements, lane j of a step's vector summing its
+// k's in order: fp32 FMAs (16 k a step), or for the bf16 kind bf16 pairs by vdpbf16ps (32 k a
+// step, an odd K padded with 0), as the packed kernels sum them. The last step is masked to K
+// (zeros add nothing).
+template <int MM, bool BF>
+void gemv_rows(int64_t K, const void* A, int64_t lda, const void* const* w, float* sums) {
+  constexpr int R = gemv_r(MM);
+  constexpr int64_t V = BF ? 32 : 16, es = BF ? 2 : 4;
+  const char* ar[MM];
+  const char* wr[R];
+  __m512 c[MM][R];
+#pragma GCC unroll 8
+  for (int m = 0; m < MM; ++m) {
+    ar[m] = static_cast<const char*>(A) + m * lda * es;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) c[m][r] = _mm512_setzero_ps();
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) wr[r] = static_cast<const char*>(w[r]);
+  const auto step = [&](int64_t off, __mmask32 mk, bool tail) __attribute__((always_inline)) {
+    const auto load = [&](const char* p) __attribute__((always_inline)) {
+      if (!tail) return _mm512_loadu_si512(p);
+      return BF ? _mm512_maskz_loadu_epi16(mk, p) : _mm512_maskz_loadu_epi32(__mmask16(mk), p);
+    };
+    // W's vectors held, each A vector loaded once a step: loaded once per W vector instead (a
+    // memory operand of every vdpbf16ps), 8 rows ran at 19.5 instead of 34 GB/s from L2
+    __m512i x[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) x[r] = load(wr[r] + off);
+    static const int64_t pfd = std::getenv("TQ_PFD") ? std::atoll(std::getenv("TQ_PFD")) : 0;  // XXX
+    static const int pfh = std::getenv("TQ_PFH") ? std::atoi(std::getenv("TQ_PFH")) : 0;  // XXX
+    if (pfd) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+        if (pfh == 0)
+          _mm_prefetch(wr[r] + off + pfd, _MM_HINT_T0);
+        else
+          _mm_prefetch(wr[r] + off + pfd, _MM_HINT_T1);
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MM; ++m) {
+      const __m512i y = load(ar[m] + off);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+        if constexpr (BF)
+          c[m][r] = _mm512_dpbf16_ps(c[m][r], __m512bh(y), __m512bh(x[r]));
+        else
+          c[m][r] = _mm512_fmadd_ps(_mm512_castsi512_ps(y), _mm512_castsi512_ps(x[r]), c[m][r]);
+    }
+  };
+  int64_t k = 0;
+  for (; k + V <= K; k += V) step(k * es, ~__mmask32(0), false);
+  if (k < K) {
+    const int64_t n = K - k;  // < V
+    step(k * es, BF ? (__mmask32(1) << n) - 1 : __mmask32((1u << n) - 1), true);
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MM; ++m)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) sums[m * R + r] = hsum(c[m][r]);
+}
+
 // The kernel set for gemm_driver.h (the bf16 kind as pairs: Slot::bf16 is never asked for).
 struct Kern {
   static constexpr int MR = cpu::MR, NR = cpu::NR;
@@ -532,6 +611,59 @@ struct Kern {
     cpu::micro<false, false, ASrc::cols>(S, reinterpret_cast<const uint32_t*>(A), B, C, ldc, mr, nr,
                                          acc, alpha, init, ldi, pf, npf, lda, st);
   }
+  // GEMV (gemm_driver.h): A in place where its storage is the kind's (fp32 for the f32 kind,
+  // bf16 for the bf16 kind), else converted row by row: the bf16 kind rounds fp32 rows as the
+  // packs do (vcvtne2ps2bf16), the f32 kind widens bf16 rows.
+  static constexpr int gemv_r(int M) { return cpu::gemv_r(M); }
+  template <bool BF>
+  static const void* gemv_a(const View& A, int M, int64_t K, int64_t& lda) {
+    if (A.bf16 == BF) {
+      lda = A.rs;
+      return A.p;
+    }
+    lda = (K + 31) / 32 * 32;
+    uint32_t* ws = workspace(BF ? M * lda / 2 : M * lda);
+    for (int m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; k += 32) {
+        const int64_t n = K - k;
+        const __mmask16 m0 = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1),
+                        m1 = n >= 32 ? __mmask16(0xffff) : n > 16 ? __mmask16((1u << (n - 16)) - 1) : 0;
+        if constexpr (BF) {
+          const float* p = static_cast<const float*>(A.p) + m * A.rs + k;
+          const __m512 x0 = _mm512_maskz_loadu_ps(m0, p), x1 = _mm512_maskz_loadu_ps(m1, p + 16);
+          _mm512_store_si512(reinterpret_cast<uint16_t*>(ws) + m * lda + k,
+                             __m512i(_mm512_cvtne2ps_pbh(x1, x0)));
+        } else {
+          const uint16_t* p = static_cast<const uint16_t*>(A.p) + m * A.rs + k;
+          float* d = reinterpret_cast<float*>(ws) + m * lda + k;
+          _mm512_store_ps(d, load_bf16(p, m0));
+          _mm512_store_ps(d + 16, load_bf16(p + 16, m1));
+        }
+      }
+    return ws;
+  }
+  template <bool BF>
+  static void gemv_rows(int M, int64_t K, const void* a, int64_t lda, const void* const* w,
+                        float* sums) {
+    switch (M) {
+      case 1:
+        return cpu::gemv_rows<1, BF>(K, a, lda, w, sums);
+      case 2:
+        return cpu::gemv_rows<2, BF>(K, a, lda, w, sums);
+      case 3:
+        return cpu::gemv_rows<3, BF>(K, a, lda, w, sums);
+      case 4:
+        return cpu::gemv_rows<4, BF>(K, a, lda, w, sums);
+      case 5:
+        return cpu::gemv_rows<5, BF>(K, a, lda, w, sums);
+      case 6:
+        return cpu::gemv_rows<6, BF>(K, a, lda, w, sums);
+      case 7:
+        return cpu::gemv_rows<7, BF>(K, a, lda, w, sums);
+      default:
+        return cpu::gemv_rows<8, BF>(K, a, lda, w, sums);
+    }
+  }
 };
 
 }  // namespace
@@ -541,6 +673,8 @@ extern const GemmSet kernels = {
     "avx512_bf16",
     gemm<Kern, false>,
     gemm<Kern, true>,
+    gemv<Kern, false>,
+    gemv<Kern, true>,
     gemm_sgd16<Kern>,
     gemm_dx_sgd<gemm<Kern, false>, true>,
     gemm_dx_sgd16<gemm<Kern, true>, gemm_sgd16<Kern>, per_slot(Kern::kBf16Slot), true>,

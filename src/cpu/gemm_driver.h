@@ -34,6 +34,13 @@
 //   kInPlaceB              true if it also has, with B's rows read in place (fp32, or BF:
 //                          bf16 rows, a slot two of them):
 //     micro_bip<BF>(S, A, B, ldb, C, ldc, mr, nr, acc, pf, npf, st)
+// and for the GEMV path (gemv below):
+//   gemv_r(M)              W rows summed at once against M rows of A (at most kGemvMaxR)
+//   gemv_a<BF>(A, M, K, lda)   A as gemv_rows reads it: in place, or converted into the
+//                          calling thread's workspace (row stride lda of its elements)
+//   gemv_rows<BF>(M, K, a, lda, w, sums)   sums[m * gemv_r(M) + r] = row m of a . row w[r] of
+//                          W (K elements of the kind's storage, contiguous), each in one
+//                          accumulator whose lanes are added in a fixed tree at the end
 #pragma once
 #include <omp.h>
 #include <xmmintrin.h>
@@ -278,6 +285,77 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int6
 #pragma omp barrier
     }
     band(t, n);
+  }
+}
+
+// ---- GEMV (gemm.h): C[M, N] (+)= alpha A Bᵀ for M <= kGemvRows, B's rows contiguous ----
+
+constexpr int kGemvMaxR = 8;  // most W rows a gemv_rows call sums at once
+// Below this many bytes of W the product runs on the calling thread: a parallel region's start
+// and end barrier (a few microseconds) would cost about as much as one core's read of it.
+constexpr int64_t kGemvSerialBytes = int64_t(256) << 10;
+
+// C element (m, n) from its sum s, as the packed kernels store it (gemm.h): fma(s, alpha, C)
+// with accumulate and alpha, C + s, s * alpha; rounded for Store::round and Store::bf16.
+inline void gemv_store(float* C, int64_t ldc, int64_t m, int64_t n, float s, bool acc, float alpha,
+                       Store st) {
+  if (st == Store::bf16) {  // (neither accumulate nor alpha: gemm.h)
+    reinterpret_cast<uint16_t*>(C)[m * ldc + n] = to_bf16(s);
+    return;
+  }
+  float& c = C[m * ldc + n];
+  if (acc && alpha != 1.0f)
+    s = __builtin_fmaf(s, alpha, c);
+  else if (acc)
+    s = s + c;
+  else if (alpha != 1.0f)
+    s = s * alpha;
+  c = st == Store::round ? round_to_bf16(s) : s;
+}
+
+// Each thread takes one contiguous band of W's rows (a static schedule; C's columns in
+// multiples of 32, so that no line of C is written by two threads), and splits it into
+// gemv_r(M) sub-bands of G rows: gemv_rows sums row i of every sub-band at once, so that each
+// of its gemv_r streams of W runs through its sub-band from start to end, as the hardware
+// prefetchers follow best, where gemv_r consecutive rows would start new streams of a few KiB
+// every call. A sub-band past the band's end repeats sub-band 0's row (in L1 by then), its
+// sums dropped. Nothing is shared between the threads but the end barrier; each converts A
+// itself where the kernel needs it converted (M K elements: ~1 % of reading W).
+template <class Kern, bool BF>
+void gemv(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc, bool accumulate,
+          float alpha, Store st) {
+  if (!gemv_fits(BF, M, N, K, A, B)) std::abort();  // (gemm.cpp checks first)
+  const int R = Kern::gemv_r(int(M));
+  const char* W = static_cast<const char*>(B.p);
+  const int64_t ldw = B.rs * (BF ? 2 : 4);  // bytes
+  const auto band = [&](int64_t n0, int64_t n1) {
+    int64_t lda;
+    const void* a = Kern::template gemv_a<BF>(A, int(M), K, lda);
+    const int64_t G = (n1 - n0 + R - 1) / R;
+    alignas(64) float sums[kGemvRows * kGemvMaxR];
+    const void* w[kGemvMaxR];
+    for (int64_t i = 0; i < G; ++i) {
+      static const bool consec = std::getenv("TQ_GEMV_CONSEC") && *std::getenv("TQ_GEMV_CONSEC") == '1';  // XXX experiment
+      const auto col = [&](int r) { return consec ? n0 + i * R + r : n0 + r * G + i; };
+      for (int r = 0; r < R; ++r) {
+        const int64_t n = col(r);
+        w[r] = W + (n < n1 ? n : col(0)) * ldw;
+      }
+      Kern::template gemv_rows<BF>(int(M), K, a, lda, w, sums);
+      for (int r = 0; r < R && col(r) < n1; ++r)
+        for (int64_t m = 0; m < M; ++m)
+          gemv_store(C, ldc, m, col(r), sums[m * R + r], accumulate, alpha, st);
+    }
+  };
+  if (omp_in_parallel() || omp_get_max_threads() == 1 || N * ldw < kGemvSerialBytes)
+    return band(0, N);
+  constexpr int64_t kCols = 32;
+  const int64_t units = (N + kCols - 1) / kCols;
+#pragma omp parallel
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t n0 = lo(N, units * t / nt * kCols), n1 = lo(N, units * (t + 1) / nt * kCols);
+    if (n1 > n0) band(n0, n1);
   }
 }
 

@@ -964,6 +964,67 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
   attention_backward_kernels(true, h16, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D, doc);
 }
 
+// Generation's attention over a KV cache (model/ops.h), E the storage. A task per (sequence,
+// kv head): its G query heads share each key and value row as it is read, so the cache is read
+// once a step, which is what bounds it at long contexts (the products are 2 D flops a byte of
+// bf16 cache). Scores into s [G][len], softmax, then the rows of v summed into the outputs.
+template <class E>
+static void attn_decode(E* out, const E* q, const E* kc, const E* vc, const int32_t* len,
+                        int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t Tc, bool rnd) {
+  const int64_t G = H / KVH;
+  const float scale = 1.0f / std::sqrt(float(D));
+#pragma omp parallel
+  {
+    std::vector<float> qf(size_t(G * D)), acc(size_t(G * D)), s;
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < B * KVH; ++task) {
+      const int64_t b = task / KVH, g = task % KVH, n = len[b];
+      s.resize(size_t(G * n));
+      for (int64_t i = 0; i < G * D; ++i) qf[size_t(i)] = load(q[(b * H + g * G) * D + i]);
+      for (int64_t j = 0; j < n; ++j) {
+        const E* kj = kc + ((b * Tc + j) * KVH + g) * D;
+        for (int64_t i = 0; i < G; ++i) {
+          const float* qi = qf.data() + i * D;
+          float d = 0;
+#pragma omp simd reduction(+ : d)
+          for (int64_t e = 0; e < D; ++e) d += qi[e] * load(kj[e]);
+          s[size_t(i * n + j)] = d * scale;
+        }
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      std::vector<float> sum(static_cast<size_t>(G));
+      for (int64_t i = 0; i < G; ++i) {
+        float* si = s.data() + i * n;
+        const float m = lane_max(si, n);
+        float t = 0;
+#pragma omp simd reduction(+ : t)
+        for (int64_t j = 0; j < n; ++j) t += si[j] = vexp(si[j] - m);
+        sum[size_t(i)] = t;
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        const E* vj = vc + ((b * Tc + j) * KVH + g) * D;
+        for (int64_t i = 0; i < G; ++i) {
+          float* ai = acc.data() + i * D;
+          const float p = s[size_t(i * n + j)];
+#pragma omp simd
+          for (int64_t e = 0; e < D; ++e) ai[e] += p * load(vj[e]);
+        }
+      }
+      for (int64_t i = 0; i < G; ++i)
+        for (int64_t e = 0; e < D; ++e)
+          out[(b * H + g * G + i) * D + e] =
+              store_as<E>(acc[size_t(i * D + e)] / sum[size_t(i)], rnd);
+    }
+  }
+}
+void attention_decode(float* out, const float* q, const float* kc, const float* vc,
+                      const int32_t* len, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t Tc,
+                      bool bf16, bool h16) {
+  if (!h16) return attn_decode(out, q, kc, vc, len, B, H, KVH, D, Tc, bf16);
+  const auto u = [](const float* p) { return reinterpret_cast<const uint16_t*>(p); };
+  attn_decode(reinterpret_cast<uint16_t*>(out), u(q), u(kc), u(vc), len, B, H, KVH, D, Tc, true);
+}
+
 // SwiGLU on fp32 or (E = uint16_t) bf16 storage, fetching as far ahead in bytes; results
 // rounded to bf16 where rnd (always, in bf16 storage). One template for both storages: written
 // as two loops, an -O2 build fused `1 + x (1 - sg)` into an fma in one and not the other (a

@@ -118,6 +118,12 @@ void attention_qkn_backward(float* dqkv, float* dqw, float* dkw, const float* do
                             const float* kw, const float* cos, const float* sin, int64_t B,
                             int64_t T, int64_t H, int64_t KVH, int64_t D, bool bf16,
                             bool h16 = false, const int32_t* doc = nullptr);
+// Generation's attention over a KV cache (Ops::attention_decode): q [B, H, D], the cache kc, vc
+// [B, Tc, KVH, D] of which query b sees rows 0..len[b]-1, out [B, H, D] (rounded to bf16 where
+// bf16); h16: all in bf16 storage (the pointers hold uint16_t)
+void attention_decode(float* out, const float* q, const float* kc, const float* vc,
+                      const int32_t* len, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t Tc,
+                      bool bf16, bool h16);
 // rnd: the output stored rounded to bf16 (bf16 runs)
 void swiglu_forward(float* out, const float* ab, int64_t N, int64_t F, bool rnd);
 void swiglu_backward(float* dab, const float* dout, const float* ab, int64_t N, int64_t F,

@@ -172,6 +172,7 @@ const Ops& cpu_ops() {
       cpu::attention_stats,
       own ? cpu::attention_qkn_forward : nullptr,
       own ? cpu::attention_qkn_backward : nullptr,
+      cpu::attention_decode,
       cpu::swiglu_forward,
       cpu::swiglu_backward,
       own ? cpu::swiglu_forward_bf16 : nullptr,  // with the bf16w products

@@ -12,7 +12,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <limits>
 #include <numeric>
+#include <string>
 
 #include "cpu/layers.h"
 
@@ -266,6 +269,16 @@ std::string ThreadGovernor::summary() const {
          std::to_string(k) + (k == 1 ? " step" : " steps");
   }
   return r;
+}
+
+// MemAvailable from /proc/meminfo; infinity where it cannot be read
+double available_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string line;
+  double kb;
+  while (std::getline(f, line))
+    if (std::sscanf(line.c_str(), "MemAvailable: %lf kB", &kb) == 1) return kb * 1024;
+  return std::numeric_limits<double>::infinity();
 }
 
 }  // namespace tq::cpu

@@ -85,4 +85,8 @@ class ThreadGovernor {
   std::vector<int64_t> steps_at_;  // steps run at each count (index: threads)
 };
 
+// Host memory a new allocation can take without swapping (MemAvailable), in bytes; infinity
+// where the system does not say.
+double available_memory_bytes();
+
 }  // namespace tq::cpu

@@ -412,18 +412,18 @@ __device__ inline float warp_dot(const float* a, const float* b, int64_t D) {
   return warp_sum(s);
 }
 
-__global__ void k_attn_fwd(float* out, float* lse, const float* q, const float* k, const float* v,
-                           int64_t T, int64_t H, int64_t KVH, int64_t D, float scale,
-                           const int32_t* doc) {
+// One query row qi against keys j0..j1 of kv head rows kh, vh (key j at kh + j * rs): the
+// output row into oi (rounded to bf16 where rnd); returns the log-sum-exp. Shared by training's
+// attention and generation's over a KV cache, so the two make the same values.
+__device__ float attend_row(float* oi, const float* qi, const float* kh, const float* vh,
+                            int64_t rs, int64_t j0, int64_t j1, int64_t D, float scale, bool rnd) {
   __shared__ float p[kKC], red[32];
-  const int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / (H / KVH);
   const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const float* qi = row(q, b, i, T, H, h, D);
   float m = -INFINITY, l = 0, o[2] = {0, 0};
-  for (int64_t j0 = first_key(doc, b, i, T); j0 <= i; j0 += kKC) {
-    const int64_t nj = (i - j0 + 1) < kKC ? (i - j0 + 1) : kKC;
+  for (; j0 <= j1; j0 += kKC) {
+    const int64_t nj = (j1 - j0 + 1) < kKC ? (j1 - j0 + 1) : kKC;
     for (int64_t jj = warp; jj < nj; jj += nw) {
-      const float s = warp_dot(qi, row(k, b, j0 + jj, T, KVH, g, D), D);
+      const float s = warp_dot(qi, kh + (j0 + jj) * rs, D);
       if ((threadIdx.x & 31) == 0) p[jj] = s * scale;
     }
     __syncthreads();
@@ -441,7 +441,7 @@ __global__ void k_attn_fwd(float* out, float* lse, const float* q, const float* 
       const int64_t e = threadIdx.x + r * kAT;
       if (e >= D) break;
       float acc = 0;
-      for (int64_t jj = 0; jj < nj; ++jj) acc += p[jj] * row(v, b, j0 + jj, T, KVH, g, D)[e];
+      for (int64_t jj = 0; jj < nj; ++jj) acc += p[jj] * vh[(j0 + jj) * rs + e];
       o[r] = o[r] * corr + acc;
     }
     m = mn;
@@ -449,9 +449,19 @@ __global__ void k_attn_fwd(float* out, float* lse, const float* q, const float* 
   }
   for (int r = 0; r < 2; ++r) {
     const int64_t e = threadIdx.x + r * kAT;
-    if (e < D) out[((b * T + i) * H + h) * D + e] = o[r] / l;
+    if (e < D) oi[e] = rnd ? round_bf(o[r] / l) : o[r] / l;
   }
-  if (threadIdx.x == 0) lse[(b * H + h) * T + i] = m + logf(l);
+  return m + logf(l);
+}
+
+__global__ void k_attn_fwd(float* out, float* lse, const float* q, const float* k, const float* v,
+                           int64_t T, int64_t H, int64_t KVH, int64_t D, float scale,
+                           const int32_t* doc) {
+  const int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / (H / KVH);
+  const float l = attend_row(out + ((b * T + i) * H + h) * D, row(q, b, i, T, H, h, D),
+                             row(k, b, 0, T, KVH, g, D), row(v, b, 0, T, KVH, g, D), KVH * D,
+                             first_key(doc, b, i, T), i, D, scale, false);
+  if (threadIdx.x == 0) lse[(b * H + h) * T + i] = l;
 }
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
@@ -460,6 +470,25 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   k_attn_fwd<<<dim3(unsigned(T), unsigned(H), unsigned(B)), kAT>>>(out, lse, q, k, v, T, H, KVH, D,
                                                                    1.0f / sqrtf(float(D)), doc);
   LAUNCHED("attention_forward");
+}
+
+// Generation's attention over the KV cache (model/ops.h): a block per (head h, sequence b),
+// keys 0..len[b]-1 of the cache [B, Tc, KVH, D].
+__global__ void k_attn_decode(float* out, const float* q, const float* kc, const float* vc,
+                              const int32_t* len, int64_t H, int64_t KVH, int64_t D, int64_t Tc,
+                              float scale, bool rnd) {
+  const int64_t h = blockIdx.x, b = blockIdx.y, g = h / (H / KVH);
+  attend_row(out + (b * H + h) * D, q + (b * H + h) * D, row(kc, b, 0, Tc, KVH, g, D),
+             row(vc, b, 0, Tc, KVH, g, D), KVH * D, 0, len[b] - 1, D, scale, rnd);
+}
+void attention_decode(float* out, const float* q, const float* kc, const float* vc,
+                      const int32_t* len, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t Tc,
+                      bool bf16, bool h16) {
+  if (D > kMaxD) throw Error("CUDA attention: head dim " + std::to_string(D) + " > 256");
+  if (h16) throw Error("CUDA attention_decode: no bf16 storage on this backend");
+  k_attn_decode<<<dim3(unsigned(H), unsigned(B)), kAT>>>(out, q, kc, vc, len, H, KVH, D, Tc,
+                                                        1.0f / sqrtf(float(D)), bf16);
+  LAUNCHED("attention_decode");
 }
 
 // dQ, and rowdot_i = dO_i . O_i (kept for dK/dV): a block per (i, h, b).
@@ -686,6 +715,7 @@ const Ops& device_ops() {
       nullptr,  // attention_stats: lse only
       nullptr,  // attention_qkn_*: qk norms and rotations, then attention
       nullptr,
+      attention_decode,
       swiglu_forward,
       swiglu_backward,
       nullptr,  // swiglu_*_bf16: activations in fp32 storage

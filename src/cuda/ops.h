@@ -34,7 +34,7 @@ struct CudaPlugin {
   CudaDevice (*device)(int id);
   const Ops& (*ops)();
 };
-constexpr int kCudaPluginVersion = 6;  // bump with any change to Ops, CudaDevice or this
+constexpr int kCudaPluginVersion = 7;  // bump with any change to Ops, CudaDevice or this
 extern "C" const CudaPlugin* tq_cuda_plugin();
 
 }  // namespace tq

@@ -133,6 +133,13 @@ struct Ops {
                                  const float*, const float*, const float*, const float*,
                                  const float*, const float*, const float*, int64_t, int64_t,
                                  int64_t, int64_t, int64_t, bool, bool, const int32_t*);
+  // Generation's attention over a KV cache (model/qwen3.h: Qwen3::decode), one query per
+  // sequence: (out, q, kc, vc, len, B, H, KVH, D, Tc, bf16, h16). q [B, H, D]; kc, vc
+  // [B, Tc, KVH, D] the cache, of which query b sees rows 0..len[b]-1 (len [B] in the backend's
+  // memory, 1 <= len[b] <= Tc); out [B, H, D]. Scores, softmax and sums in fp32; bf16: out
+  // stored rounded to bf16; h16: q, kc, vc and out in bf16 storage.
+  void (*attention_decode)(float*, const float*, const float*, const float*, const int32_t*,
+                           int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool);
   // the last flag: store the output rounded to bf16 (bf16 runs)
   void (*swiglu_forward)(float*, const float*, int64_t, int64_t, bool);
   void (*swiglu_backward)(float*, const float*, const float*, int64_t, int64_t, bool);

@@ -175,6 +175,16 @@ const Ops& profiled(const Ops& inner) {
             [](Pf, Pf, Pf, CPf, CPf, CPf, CPf, CPf, CPf, CPf, CPf, CPf, CPf, I64 B, I64 T, I64 H,
                I64 KVH, I64 D, bool, bool h16,
                Tok doc) { return attention(B, T, H, D, 2, h16 ? 2 : 4, 4 * (H + KVH), doc); });
+    // q and out rows, and the len[b] cached key and value rows each sequence reads
+    TQ_WRAP(attention_decode, [](Pf, CPf, CPf, CPf, Tok len, I64 B, I64 H, I64 KVH, I64 D, I64,
+                                 bool, bool h16) {
+      std::vector<int32_t> n(static_cast<size_t>(B));
+      g_inner->download(n.data(), len, n.size() * 4);
+      double keys = 0;
+      for (int32_t x : n) keys += x;
+      return Cost{4.0 * double(H * D) * keys,
+                  (h16 ? 2.0 : 4.0) * double(D) * (2.0 * double(B * H) + 2.0 * double(KVH) * keys)};
+    });
     // in [N, 2F] and out [N, F], their gradients backward
     TQ_WRAP(swiglu_forward, [](Pf, CPf, I64 N, I64 F, bool) { return bytes(12.0 * N * F); });
     TQ_WRAP(swiglu_backward, [](Pf, CPf, CPf, I64 N, I64 F, bool) { return bytes(20.0 * N * F); });

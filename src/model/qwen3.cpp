@@ -81,20 +81,20 @@ static std::vector<int64_t> layer_act_sizes(const Config& c, int64_t B, int64_t 
           f(N * 2 * c.F), f(N * c.F)};
   // clang-format on
 }
-static int64_t final_act_size(const Config& c, int64_t N) {
-  return N * c.C + N * c.C + N + N * c.V + N;  // res_final, xnf, rstdf, logits, lse_ce
-}
+// bwd: the buffers only a backward uses (dqkv, dres, dtmp, dxn, dab, dm, datt, dq, dk, dv) are
+// sized (forward-only uses leave them empty)
 static std::vector<int64_t> scratch_sizes(const Config& c, int64_t B, int64_t T, bool h16,
-                                          bool qkn) {
+                                          bool qkn, bool bwd) {
   const int64_t N = B * T, HD = c.H * c.D, KD = qkn ? 0 : c.KVH * c.D;
   const auto f = [h16](int64_t n) { return floats(n, h16); };  // those stored as bf16 in h16
+  const int64_t b = bwd ? 1 : 0;
   // qkv, tmp, dres, dtmp, dxn, dab, dm, datt, dq, dk, dv, dqr, dkr, tokens, targets, cos, sin,
   // docs (with qkn no dq, dk, dv, dqr, dkr: KD 0 and QD for dq, dqr)
   const int64_t QD = qkn ? 0 : HD;
-  return {f(N * c.qkv_rows()), N * c.C,     N * c.C,   N * c.C,   N * c.C,
-          f(N * 2 * c.F),      f(N * c.F),  f(N * HD), f(N * QD), f(N * KD),
-          f(N * KD),           N * QD,      N * KD,    N,         N,
-          T * c.D / 2,         T * c.D / 2, N};
+  return {b * f(N * c.qkv_rows()), N * c.C,        b * N * c.C,    b * N * c.C,    b * N * c.C,
+          b * f(N * 2 * c.F),      b * f(N * c.F), b * f(N * HD),  b * f(N * QD),  b * f(N * KD),
+          b * f(N * KD),           N * QD,         N * KD,         N,              N,
+          T * c.D / 2,             T * c.D / 2,    N};
 }
 static int64_t sum(const std::vector<int64_t>& v) {
   int64_t s = 0;
@@ -138,21 +138,24 @@ static std::vector<std::pair<size_t, size_t>> unfused_ranges(const ParamLayout& 
 
 namespace {
 // What a run's arenas hold besides parameters and activations, from its backend and how it
-// trains (sgd_only: by backward_sgd alone).
+// is used.
 struct Needs {
   bool h16;      // bf16_acts
-  bool compact;  // sgd_only, and the backend steps the matrices inside backward: gradient
+  bool compact;  // Use::sgd, and the backend steps the matrices inside backward: gradient
                  // slots only for the unfused ranges
   std::vector<std::pair<size_t, size_t>> unfused;  // ranges sgd_update steps after backward
   size_t grads = 0;                                // elements of the gradient arena
   size_t wview = 0, gview = 0;  // bf16: fp32 elements of the weight view and gradient buffer
 };
-Needs needs(const Config& c, const ParamLayout& p, DType dtype, const Ops& o, bool sgd_only) {
+bool trains(Use u) {
+  return u == Use::train || u == Use::sgd;
+}
+Needs needs(const Config& c, const ParamLayout& p, DType dtype, const Ops& o, Use use) {
   Needs n;
   n.h16 = bf16_acts(o, dtype);
   n.unfused = unfused_ranges(p, can_fuse(o, dtype));
-  n.compact = sgd_only && can_fuse(o, dtype);
-  n.grads = p.total;
+  n.compact = use == Use::sgd && can_fuse(o, dtype);
+  n.grads = trains(use) ? p.total : 0;
   if (n.compact) {
     n.grads = 0;
     for (const auto& r : n.unfused) n.grads += r.second;
@@ -170,32 +173,83 @@ Needs needs(const Config& c, const ParamLayout& p, DType dtype, const Ops& o, bo
     const size_t mats = o.matmul_backward_bf16g ? 0
                         : n.compact             ? (p.lm_head == p.tok_emb ? table : 0)
                                                 : largest_param(p);
-    n.gview = std::max({small, o.embedding_backward_bf16 ? 0 : table, mats});
+    n.gview = trains(use) ? std::max({small, o.embedding_backward_bf16 ? 0 : table, mats}) : 0;
   }
   return n;
+}
+
+// Floats of each arena and how the activations are laid out.
+struct Sizes {
+  int64_t rows;         // the most rows a pass takes: B T, or generate's max(T, B)
+  std::vector<int64_t> layer;    // one layer's activations (LayerActs order)
+  int64_t layer_sets;   // L, or 1 where every layer reuses one set (forward only)
+  int64_t final_acts;   // res_final, xnf, rstdf, logits, lse_ce
+  int64_t logit_rows;   // rows of logits
+  std::vector<int64_t> scratch;
+  int64_t gen;          // generate: q [rows, H D], new keys and values [B, KVH D], lens [B]
+  int64_t cache;        // generate: the KV cache, in elements of the activations' storage
+};
+Sizes sizes(const Config& c, DType dtype, int64_t B, int64_t T, const Ops& o, Use use,
+            const Needs& n) {
+  Sizes z;
+  const bool qkn = attn_qkn(o, dtype), gen = use == Use::generate;
+  // a generate pass is one sequence's prefill (up to T tokens) or one token of each of B
+  const int64_t AB = gen ? 1 : B, AT = gen ? std::max(T, B) : T;
+  z.rows = AB * AT;
+  // The attention stats of a pass of AB sequences of up to AT tokens: a forward-only model
+  // takes shorter ones too, and the CPU's stats (which keep probabilities only up to some
+  // length) are not monotonic in T
+  int64_t stats = attn_stats(c, dtype, AB, AT, o);
+  if (!trains(use))
+    for (int64_t t = 1; t < AT; ++t) stats = std::max(stats, attn_stats(c, dtype, AB, t, o));
+  z.layer = layer_act_sizes(c, AB, AT, n.h16, stats, qkn);
+  z.layer_sets = trains(use) ? c.L : 1;
+  z.logit_rows = gen ? B : z.rows;
+  z.final_acts = z.rows * (2 * c.C + 2) + z.logit_rows * c.V;
+  z.scratch = scratch_sizes(c, AB, AT, n.h16, qkn, trains(use));
+  const int64_t KD = c.KVH * c.D;
+  z.gen = gen ? floats(z.rows * c.H * c.D, n.h16) + 2 * floats(B * KD, n.h16) + B : 0;
+  z.cache = gen ? c.L * 2 * B * T * KD : 0;
+  return z;
 }
 }  // namespace
 
 MemoryPlan memory_plan(const Config& c, DType dtype, int64_t B, int64_t T, const Ops& ops,
-                       bool sgd_only) {
+                       Use use) {
   const ParamLayout p = make_layout(c);
-  const Needs n = needs(c, p, dtype, ops, sgd_only);
-  const int64_t acts = c.L * sum(layer_act_sizes(c, B, T, n.h16, attn_stats(c, dtype, B, T, ops),
-                                                 attn_qkn(ops, dtype)));
-  return {p.total * dtype_size(dtype), n.grads * dtype_size(dtype),
-          size_t(acts + final_act_size(c, B * T)) * 4,
-          size_t(sum(scratch_sizes(c, B, T, n.h16, attn_qkn(ops, dtype)))) * 4 +
-              (n.wview + n.gview) * 4};
+  const Needs n = needs(c, p, dtype, ops, use);
+  const Sizes z = sizes(c, dtype, B, T, ops, use, n);
+  MemoryPlan m{p.total * dtype_size(dtype), n.grads * dtype_size(dtype),
+               size_t(z.layer_sets * sum(z.layer) + z.final_acts) * 4,
+               size_t(sum(z.scratch) + z.gen) * 4 + (n.wview + n.gview) * 4};
+  m.cache = size_t(z.cache) * (n.h16 ? 2 : 4);
+  return m;
 }
 
-Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& ops, bool sgd_only)
-    : cfg_(cfg), layout_(make_layout(cfg)), dtype_(dtype), B_(B), T_(T), N_(B * T), ops_(ops) {
-  const Needs need = needs(cfg, layout_, dtype, ops, sgd_only);
-  const MemoryPlan plan = memory_plan(cfg, dtype, B, T, ops, sgd_only);
+Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& ops, Use use)
+    : cfg_(cfg),
+      layout_(make_layout(cfg)),
+      dtype_(dtype),
+      use_(use),
+      Bmax_(B),
+      Tmax_(T),
+      B_(B),
+      T_(T),
+      N_(B * T),
+      ops_(ops) {
+  const Needs need = needs(cfg, layout_, dtype, ops, use);
+  const Sizes z = sizes(cfg, dtype, B, T, ops, use, need);
+  const MemoryPlan plan = memory_plan(cfg, dtype, B, T, ops, use);
   unfused_ = need.unfused;
   can_fuse_ = can_fuse(ops, dtype);
   qkn_ = attn_qkn(ops, dtype);
   compact_grads_ = need.compact;
+  if (use == Use::generate) {
+    if (!ops.attention_decode)
+      throw Error("the " + ops.name + " backend cannot generate (no attention over a KV cache)");
+    if (qkn_ && !ops.qk_norm_rope_forward)  // (the composition's buffers go with !qkn_)
+      throw Error("the " + ops.name + " backend cannot generate (no qk_norm_rope_forward)");
+  }
   size_t g = 0;  // gradient slots: the whole layout, or the unfused ranges one after another
   if (compact_grads_)
     for (const auto& [off, n] : unfused_) gslots_.push_back({off, n, g}), g += n;
@@ -205,44 +259,56 @@ Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& op
   grads_ = ops.alloc(plan.grads);
   acts_ = static_cast<float*>(ops.alloc(plan.activations));
   scratch_ = static_cast<float*>(ops.alloc(plan.scratch));
+  if (plan.cache) cache_ = ops.alloc(plan.cache);
   float* p = acts_;
-  const std::vector<int64_t> ls =
-      layer_act_sizes(cfg, B, T, bf16_acts_, attn_stats(cfg, dtype, B, T, ops), qkn_);
   for (int64_t l = 0; l < cfg.L; ++l) {
+    if (l >= z.layer_sets) {  // forward only: every layer reuses the first one's set
+      la_.push_back(la_[0]);
+      continue;
+    }
     LayerActs a;
     float** views[] = {&a.res, &a.xn1, &a.rstd1, &a.qkv, &a.v,   &a.qrstd, &a.krstd, &a.q,
                        &a.k,   &a.att, &a.lse,   &a.mid, &a.xn2, &a.rstd2, &a.ab,    &a.m};
-    for (size_t i = 0; i < ls.size(); ++i) *views[i] = p, p += ls[i];
+    for (size_t i = 0; i < z.layer.size(); ++i) *views[i] = p, p += z.layer[i];
     la_.push_back(a);
   }
-  res_final_ = p, p += N_ * cfg.C;
-  xnf_ = p, p += N_ * cfg.C;
-  rstdf_ = p, p += N_;
-  logits_ = p, p += N_ * cfg.V;
+  const int64_t R = z.rows;
+  res_final_ = p, p += R * cfg.C;
+  xnf_ = p, p += R * cfg.C;
+  rstdf_ = p, p += R;
+  logits_ = p, p += z.logit_rows * cfg.V;
   lse_ce_ = p;
   float* ids[3];  // tokens, targets, docs: int32 in the backend's memory, as the kernels read them
   float** sviews[] = {&qkv_, &tmp_, &dres_, &dtmp_, &dxn_,   &dab_,   &dm_,  &datt_, &dq_,
                       &dk_,  &dv_,  &dqr_,  &dkr_,  &ids[0], &ids[1], &cos_, &sin_,  &ids[2]};
-  const std::vector<int64_t> ss = scratch_sizes(cfg, B, T, bf16_acts_, qkn_);
   p = scratch_;
-  for (size_t i = 0; i < ss.size(); ++i) *sviews[i] = p, p += ss[i];
+  for (size_t i = 0; i < z.scratch.size(); ++i) *sviews[i] = p, p += z.scratch[i];
   tokens_ = reinterpret_cast<int32_t*>(ids[0]);
   targets_ = reinterpret_cast<int32_t*>(ids[1]);
   docs_ = reinterpret_cast<int32_t*>(ids[2]);
+  if (use == Use::generate) {
+    const int64_t KD = cfg.KVH * cfg.D;
+    q_ = p, p += floats(R * cfg.H * cfg.D, bf16_acts_);
+    knew_ = p, p += floats(B * KD, bf16_acts_);
+    vnew_ = p, p += floats(B * KD, bf16_acts_);
+    lens_ = reinterpret_cast<int32_t*>(p), p += B;
+    len_.assign(size_t(B), 0);
+  }
   if (dtype == DType::bf16) {
     wbuf_ = p;
     gbuf_ = p + need.wview;
     wview_ = need.wview, gview_ = need.gview;
   }
   std::vector<float> c, s;
-  rope_tables(c, s, T, cfg.D, cfg.theta);
+  const int64_t positions = use == Use::generate ? T : z.rows / B;  // (generate: T positions)
+  rope_tables(c, s, positions, cfg.D, cfg.theta);
   ops.upload(cos_, c.data(), c.size() * 4);
   ops.upload(sin_, s.data(), s.size() * 4);
 }
 
 Qwen3::~Qwen3() {
-  for (void* p : {params_, grads_, static_cast<void*>(acts_), static_cast<void*>(scratch_)})
-    ops_.release(p);
+  for (void* p : {params_, grads_, static_cast<void*>(acts_), static_cast<void*>(scratch_), cache_})
+    if (p) ops_.release(p);
 }
 
 void Qwen3::set_params(const float* host, size_t off, size_t n) {
@@ -271,6 +337,19 @@ void Qwen3::grads_into(float* dst) const {
   if (compact_grads_) throw Error("grads_into: this model keeps gradients only for the fused step");
   if (dtype_ == DType::f32) return ops_.copy(dst, static_cast<const float*>(grads_), layout_.total);
   ops_.bf16_to_f32(dst, static_cast<const uint16_t*>(grads_), int64_t(layout_.total));
+}
+
+void Qwen3::copy_params(const Qwen3& from) {
+  if (from.layout_.total != layout_.total || from.dtype_ != dtype_)
+    throw Error("copy_params: another size or dtype of parameters");
+  const size_t bytes = layout_.total * dtype_size(dtype_);
+  ops_.copy(static_cast<float*>(params_), static_cast<const float*>(from.params_),
+            int64_t(bytes / 4));
+  if (bytes % 4) {  // an odd count of bf16 values: the last one
+    uint16_t last;
+    ops_.download(&last, static_cast<const char*>(from.params_) + bytes - 2, 2);
+    ops_.upload(static_cast<char*>(params_) + bytes - 2, &last, 2);
+  }
 }
 
 size_t Qwen3::gslot(size_t off, size_t n) const {
@@ -370,14 +449,18 @@ void Qwen3::linear_backward(Act dx, Act dout, Act x, size_t off, int64_t IC, int
 }
 
 double Qwen3::forward(const Batch& batch) {
-  const Config& c = cfg_;
-  const Ops& o = ops_;
-  const int64_t N = N_, C = c.C, H = c.H, K = c.KVH, D = c.D, F = c.F, QKV = c.qkv_rows();
-  if (int64_t(batch.tokens.size()) != N || int64_t(batch.targets.size()) != N)
-    throw Error("batch of " + std::to_string(batch.tokens.size()) + " tokens, model built for " +
-                std::to_string(N));
-  o.upload(tokens_, batch.tokens.data(), size_t(N) * 4);
-  o.upload(targets_, batch.targets.data(), size_t(N) * 4);
+  if (use_ == Use::generate) throw Error("forward: this model was built to generate");
+  const bool fits = trains(use_) ? batch.B == Bmax_ && batch.T == Tmax_
+                                 : batch.B >= 1 && batch.B <= Bmax_ && batch.T >= 1 &&
+                                       batch.T <= Tmax_;
+  const int64_t N = batch.B * batch.T;
+  if (!fits || int64_t(batch.tokens.size()) != N || int64_t(batch.targets.size()) != N)
+    throw Error("batch of " + std::to_string(batch.tokens.size()) + " tokens (B " +
+                std::to_string(batch.B) + ", T " + std::to_string(batch.T) + "), model built for B " +
+                std::to_string(Bmax_) + ", T " + std::to_string(Tmax_));
+  B_ = batch.B, T_ = batch.T, N_ = N;
+  ops_.upload(tokens_, batch.tokens.data(), size_t(N) * 4);
+  ops_.upload(targets_, batch.targets.data(), size_t(N) * 4);
   doc_ = nullptr;
   if (!batch.doc_start.empty()) {
     // (the kernels skip the keys before each query's start, and read the positions from it)
@@ -388,9 +471,42 @@ double Qwen3::forward(const Batch& batch) {
         throw Error("batch's doc_start[" + std::to_string(n) + "] = " + std::to_string(d) +
                     " is not a document start (0 <= start <= t, never decreasing in a row)");
     }
-    o.upload(docs_, batch.doc_start.data(), size_t(N) * 4);
+    ops_.upload(docs_, batch.doc_start.data(), size_t(N) * 4);
     doc_ = docs_;
   }
+  layers_forward(Attend::batch);
+  linear_forward({logits_}, {xnf_}, layout_.lm_head, cfg_.C, cfg_.V);
+  return ops_.crossentropy_forward(lse_ce_, logits_, targets_, N, cfg_.V);
+}
+
+void Qwen3::logits(float* host, int64_t n0, int64_t n) const {
+  if (use_ == Use::generate || n0 < 0 || n < 0 || n0 + n > N_)
+    throw Error("logits: rows [" + std::to_string(n0) + ", " + std::to_string(n0 + n) +
+                ") of the last forward's " + std::to_string(N_));
+  ops_.download(host, logits_ + n0 * cfg_.V, size_t(n * cfg_.V) * 4);
+}
+
+void Qwen3::qk_norm_rope(float* q, float* k, float* v, const LayerActs& a, const float* qkw,
+                         const int32_t* doc) {
+  const Ops& o = ops_;
+  const int64_t N = N_, H = cfg_.H, K = cfg_.KVH, D = cfg_.D;
+  if (o.qk_norm_rope_forward)
+    return o.qk_norm_rope_forward(q, k, v, a.qrstd, a.krstd, a.qkv, qkw, qkw + D, cos_, sin_, B_,
+                                  T_, H, K, D, cfg_.eps, dtype_ == DType::bf16, bf16_acts_, doc);
+  // the split's q, k into backward scratch (free until backward)
+  o.qkv_split_forward(dqr_, dkr_, v, a.qkv, N, H, K, D);
+  o.rmsnorm_forward(q, a.qrstd, dqr_, qkw, N * H, D, cfg_.eps);
+  o.rmsnorm_forward(k, a.krstd, dkr_, qkw + D, N * K, D, cfg_.eps);
+  rb(q, N * H * D), rb(k, N * K * D);
+  o.rope_forward(q, q, cos_, sin_, B_, T_, H, D, doc);
+  o.rope_forward(k, k, cos_, sin_, B_, T_, K, D, doc);
+  rb(q, N * H * D), rb(k, N * K * D);
+}
+
+void Qwen3::layers_forward(Attend how) {
+  const Config& c = cfg_;
+  const Ops& o = ops_;
+  const int64_t N = N_, C = c.C, H = c.H, K = c.KVH, D = c.D, F = c.F, QKV = c.qkv_rows();
   if (dtype_ == DType::bf16 && o.embedding_forward_bf16)
     o.embedding_forward_bf16(la_[0].res, tokens_,
                              static_cast<const uint16_t*>(params_) + layout_.tok_emb, N, C);
@@ -409,22 +525,13 @@ double Qwen3::forward(const Batch& batch) {
     linear_forward({a.qkv, h16}, {a.xn1}, w.wqkv, C, QKV);
     // q_norm and k_norm are adjacent: widened together in bf16 runs
     const float* qkw = weight(w.q_norm, 2 * D);
-    if (qkn_) {  // attention reads qkv itself (att rounded by the op in bf16 runs)
+    if (how != Attend::batch) {
+      attend_cached(a, l, qkw, how);
+    } else if (qkn_) {  // attention reads qkv itself (att rounded by the op in bf16 runs)
       o.attention_qkn_forward(a.att, a.lse, a.qrstd, a.krstd, a.qkv, qkw, qkw + D, cos_, sin_, B_,
                               T_, H, K, D, c.eps, dtype_ == DType::bf16, h16, doc_);
     } else {
-      if (o.qk_norm_rope_forward) {
-        o.qk_norm_rope_forward(a.q, a.k, a.v, a.qrstd, a.krstd, a.qkv, qkw, qkw + D, cos_, sin_, B_,
-                               T_, H, K, D, c.eps, dtype_ == DType::bf16, h16, doc_);
-      } else {  // the split's q, k into backward scratch (free until backward)
-        o.qkv_split_forward(dqr_, dkr_, a.v, a.qkv, N, H, K, D);
-        o.rmsnorm_forward(a.q, a.qrstd, dqr_, qkw, N * H, D, c.eps);
-        o.rmsnorm_forward(a.k, a.krstd, dkr_, qkw + D, N * K, D, c.eps);
-        rb(a.q, N * H * D), rb(a.k, N * K * D);
-        o.rope_forward(a.q, a.q, cos_, sin_, B_, T_, H, D, doc_);
-        o.rope_forward(a.k, a.k, cos_, sin_, B_, T_, K, D, doc_);
-        rb(a.q, N * H * D), rb(a.k, N * K * D);
-      }
+      qk_norm_rope(a.q, a.k, a.v, a, qkw, doc_);
       if (dtype_ == DType::bf16 && o.attention_forward_bf16) {  // att rounded by the op
         o.attention_forward_bf16(a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D, h16, doc_);
       } else {
@@ -447,11 +554,95 @@ double Qwen3::forward(const Batch& batch) {
       add_norm_forward(la_[l + 1].res, la_[l + 1].xn1, la_[l + 1].rstd1, a.mid, tmp_,
                        layout_.layers[l + 1].attn_norm);
   }
-  linear_forward({logits_}, {xnf_}, layout_.lm_head, C, c.V);
-  return o.crossentropy_forward(lse_ce_, logits_, targets_, N, c.V);
+}
+
+char* Qwen3::cache_at(int64_t l, int64_t kv, int64_t b, int64_t t) const {
+  const int64_t KD = cfg_.KVH * cfg_.D, e = bf16_acts_ ? 2 : 4;
+  return static_cast<char*>(cache_) + (((l * 2 + kv) * Bmax_ + b) * Tmax_ + t) * KD * e;
+}
+
+// Attention over the KV cache: the same QK-norm, RoPE and attention kernels as training's
+// forward, with the keys and values kept in the cache. A prefill's are written straight into
+// its sequence's rows (its [T, KVH, D] is the cache's layout) and it attends as a causal
+// batch of one; a decode step's new key and value rows are copied to each sequence's next
+// row, its positions are after the cached ones (doc = -position: t - doc[t] with t = 0), and
+// attention_decode reads the cache.
+void Qwen3::attend_cached(const LayerActs& a, int64_t l, const float* qkw, Attend how) {
+  const Ops& o = ops_;
+  const int64_t H = cfg_.H, K = cfg_.KVH, D = cfg_.D;
+  const bool h16 = bf16_acts_, rnd = dtype_ == DType::bf16;
+  if (how == Attend::prefill) {
+    float* k = reinterpret_cast<float*>(cache_at(l, 0, gen_row_, 0));
+    float* v = reinterpret_cast<float*>(cache_at(l, 1, gen_row_, 0));
+    qk_norm_rope(q_, k, v, a, qkw, nullptr);
+    if (rnd && o.attention_forward_bf16) {
+      o.attention_forward_bf16(a.att, a.lse, q_, k, v, 1, T_, H, K, D, h16, nullptr);
+    } else {
+      o.attention_forward(a.att, a.lse, q_, k, v, 1, T_, H, K, D, nullptr);
+      rb(a.att, N_ * H * D);
+    }
+    return;
+  }
+  qk_norm_rope(q_, knew_, vnew_, a, qkw, docs_);
+  const int64_t n = floats(K * D, h16);  // a row, in floats
+  for (int64_t b = 0; b < B_; ++b) {
+    o.copy(reinterpret_cast<float*>(cache_at(l, 0, b, len_[size_t(b)])), knew_ + b * n, n);
+    o.copy(reinterpret_cast<float*>(cache_at(l, 1, b, len_[size_t(b)])), vnew_ + b * n, n);
+  }
+  o.attention_decode(a.att, q_, reinterpret_cast<const float*>(cache_at(l, 0, 0, 0)),
+                     reinterpret_cast<const float*>(cache_at(l, 1, 0, 0)), lens_, B_, H, K, D,
+                     Tmax_, rnd, h16);
+}
+
+void Qwen3::head_logits(int64_t n0, int64_t n, float* host) {
+  const int64_t C = cfg_.C, V = cfg_.V;
+  if (dtype_ == DType::bf16 && ops_.matmul_forward_bf16w) {
+    ops_.matmul_forward_bf16w({logits_}, {xnf_ + n0 * C},
+                              static_cast<const uint16_t*>(params_) + layout_.lm_head, n, C, V);
+  } else {
+    ops_.matmul_forward(logits_, xnf_ + n0 * C, weight(layout_.lm_head, C * V), n, C, V);
+    rb(logits_, n * V);
+  }
+  if (host) ops_.download(host, logits_, size_t(n * V) * 4);
+}
+
+void Qwen3::prefill(int64_t row, const int32_t* tokens, int64_t n, float* logits) {
+  if (use_ != Use::generate) throw Error("prefill: this model was not built to generate");
+  if (row < 0 || row >= Bmax_ || n < 1 || n > Tmax_)
+    throw Error("prefill: sequence " + std::to_string(row) + " of " + std::to_string(n) +
+                " tokens, model built for " + std::to_string(Bmax_) + " of up to " +
+                std::to_string(Tmax_));
+  B_ = 1, T_ = n, N_ = n, gen_row_ = row;
+  ops_.upload(tokens_, tokens, size_t(n) * 4);
+  layers_forward(Attend::prefill);
+  len_[size_t(row)] = n;
+  head_logits(n - 1, 1, logits);
+}
+
+void Qwen3::decode(const int32_t* tokens, int64_t B, float* logits) {
+  if (use_ != Use::generate) throw Error("decode: this model was not built to generate");
+  if (B < 1 || B > Bmax_)
+    throw Error("decode: " + std::to_string(B) + " sequences, model built for " +
+                std::to_string(Bmax_));
+  std::vector<int32_t> pos(static_cast<size_t>(B)), lens(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t t = len_[size_t(b)];
+    if (t < 1 || t >= Tmax_)
+      throw Error("decode: sequence " + std::to_string(b) + " holds " + std::to_string(t) +
+                  " tokens (1 to " + std::to_string(Tmax_ - 1) + " can take one more)");
+    pos[size_t(b)] = int32_t(-t), lens[size_t(b)] = int32_t(t + 1);
+  }
+  B_ = B, T_ = 1, N_ = B;
+  ops_.upload(tokens_, tokens, size_t(B) * 4);
+  ops_.upload(docs_, pos.data(), size_t(B) * 4);
+  ops_.upload(lens_, lens.data(), size_t(B) * 4);
+  layers_forward(Attend::decode);
+  for (int64_t b = 0; b < B; ++b) ++len_[size_t(b)];
+  head_logits(0, B, logits);
 }
 
 void Qwen3::backward() {
+  if (!trains(use_)) throw Error("backward: this model was built for forward passes only");
   if (compact_grads_) throw Error("backward: this model keeps gradients only for the fused step");
   backward_pass();
 }
@@ -553,6 +744,7 @@ void Qwen3::sgd_update(float lr) {
 }
 
 void Qwen3::backward_sgd(float lr) {
+  if (!trains(use_)) throw Error("backward_sgd: this model was built for forward passes only");
   fuse_lr_ = lr;
   backward_pass();
   fuse_lr_ = 0;

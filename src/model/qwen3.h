@@ -34,28 +34,38 @@ void mark_documents(Batch& b, int32_t eos);
 void rope_tables(std::vector<float>& cos, std::vector<float>& sin, int64_t T, int64_t D,
                  double theta);
 
+// How a Qwen3 is used, which decides its arenas:
+//  train:    forward and backward, any optimizer;
+//  sgd:      trained by backward_sgd alone (see the constructor);
+//  eval:     forward only (eval, a loss over windows): no gradients, and one layer's activations
+//            that every layer reuses; a forward may take fewer rows (B) or tokens (T) than built;
+//  generate: prefill and decode over a KV cache of B sequences of up to T tokens, in the
+//            activations' storage (bf16 in bf16 runs on backends with bf16 activations).
+enum class Use { train, sgd, eval, generate };
+
 struct MemoryPlan {
   size_t params, grads, activations, scratch;  // bytes
+  size_t cache = 0;                            // the KV cache (Use::generate)
   size_t optimizer = 0;                        // the trainer's, beside the model (train/trainer.h)
-  size_t total() const { return params + grads + activations + scratch + optimizer; }
+  size_t total() const { return params + grads + activations + scratch + cache + optimizer; }
 };
 // Whether a run of this dtype on this backend keeps its large activations in bf16 storage:
 // the feed-forward block's (SwiGLU's input and output), the attention block's (the fused
 // projection qkv, q, k, v, the attention output) and their gradients. bf16 runs on backends
 // with the bf16 products, SwiGLU, the fused QK-norm + RoPE and bf16 attention (Ops).
 bool bf16_acts(const Ops& ops, DType dtype);
-// The arenas of a Qwen3(cfg, dtype, B, T, ops, sgd_only).
+// The arenas of a Qwen3(cfg, dtype, B, T, ops, use).
 MemoryPlan memory_plan(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& ops,
-                       bool sgd_only);
+                       Use use = Use::train);
 
 class Qwen3 {
  public:
-  // sgd_only: trained by backward_sgd alone. Where the backend steps the matrices inside
+  // Use::sgd: trained by backward_sgd alone. Where the backend steps the matrices inside
   // backward, the gradient arena then holds only the other parameters' gradients (the
   // embedding or tied head and the norms: 0.6B bf16 311 MiB, not 1137), and backward(),
-  // sgd_update() and get_grads() refuse.
+  // sgd_update() and get_grads() refuse. Use::eval and Use::generate keep no gradients.
   Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& ops,
-        bool sgd_only = false);
+        Use use = Use::train);
   ~Qwen3();
   Qwen3(const Qwen3&) = delete;
   Qwen3& operator=(const Qwen3&) = delete;
@@ -74,8 +84,23 @@ class Qwen3 {
   // the dtype), which such an optimizer writes.
   void grads_into(float* dst) const;
   void* params_arena() { return params_; }
+  // This model's parameters := those of `from` (the same config and dtype), within the backend.
+  void copy_params(const Qwen3& from);
 
-  double forward(const Batch& batch);  // mean loss; saves activations for backward
+  // Mean loss; saves activations for backward (Use::eval: batch.B and batch.T may be smaller
+  // than built; nothing is kept for a backward)
+  double forward(const Batch& batch);
+  // The last forward's logits of rows [n0, n0 + n) (of its B*T), as fp32 [n, V] on the host.
+  void logits(float* host, int64_t n0, int64_t n) const;
+
+  // Generation (Use::generate), over the KV cache of the built B sequences of up to T tokens.
+  // prefill: tokens [n] start sequence `row` (its cache emptied first): the layers' forward
+  // over them, their keys and values kept; the last token's logits into host [V], if given.
+  // decode: one token for each of sequences 0..B-1 (B at most the built), each at the position
+  // after its cached ones, attending to them and itself; their logits into host [B, V].
+  void prefill(int64_t row, const int32_t* tokens, int64_t n, float* logits);
+  void decode(const int32_t* tokens, int64_t B, float* logits);
+  int64_t cached(int64_t row) const { return len_.at(size_t(row)); }  // tokens in its cache
   void backward();                     // grads of the last forward (grads are zeroed first)
   void sgd_update(float lr);
   // backward + sgd_update(lr) in one pass where the backend can: each weight with a single
@@ -122,10 +147,25 @@ class Qwen3 {
     float *res, *xn1, *rstd1, *qkv, *v, *qrstd, *krstd, *q, *k, *att, *lse, *mid, *xn2, *rstd2, *ab,
         *m;
   };
+  // The layers' forward over tokens_ (N_ rows of B_ sequences of T_ tokens) from the embedding
+  // to the final norm's output xnf_. Attention: training's (a causal or block-causal batch), or
+  // over the KV cache: prefill (sequence gen_row_ from position 0) or decode (one token a row).
+  enum class Attend { batch, prefill, decode };
+  void layers_forward(Attend how);
+  // q, k, v and the norms' rstd from the fused projection: qk_norm_rope_forward or its
+  // composition; positions as `doc` says (ops.h)
+  void qk_norm_rope(float* q, float* k, float* v, const LayerActs& a, const float* qkw,
+                    const int32_t* doc);
+  void attend_cached(const LayerActs& a, int64_t l, const float* qkw, Attend how);
+  // the head over rows [n0, n0 + n) of xnf_ into logits_, downloaded into host [n, V]
+  void head_logits(int64_t n0, int64_t n, float* host);
+
   const Config& cfg_;
   ParamLayout layout_;
   DType dtype_;
-  int64_t B_, T_, N_;
+  Use use_;
+  int64_t Bmax_, Tmax_;  // as built
+  int64_t B_, T_, N_;    // the current pass's sequences, tokens each, rows
   const Ops& ops_;
   bool can_fuse_ = false;  // the backend steps this dtype's matrices inside backward
   // qkv, q, k, v, att, ab, m and the gradients qkv_ (dqkv), dq_, dk_, dv_, datt_, dab_, dm_
@@ -145,6 +185,15 @@ class Qwen3 {
   int32_t *tokens_, *targets_;    // [N] of the last forward, in the backend's memory
   int32_t* docs_;                 // [N]: the last forward's doc_start, uploaded where it had one
   const int32_t* doc_ = nullptr;  // the kernels' doc argument (ops.h): docs_, or null (causal)
+  // Use::generate: the cache [L][2][Bmax][Tmax][KVH D] (keys, then values, of each layer) in
+  // the activations' storage; q [Tmax rows, H D], and a decode step's new keys and values
+  // [Bmax, KVH D] before they are copied into their rows; lens_ [Bmax] what decode attends to
+  void* cache_ = nullptr;
+  float *q_ = nullptr, *knew_ = nullptr, *vnew_ = nullptr;
+  int32_t* lens_ = nullptr;
+  std::vector<int64_t> len_;  // each sequence's cached tokens
+  int64_t gen_row_ = 0;       // the sequence a prefill fills
+  char* cache_at(int64_t l, int64_t kv, int64_t b, int64_t t) const;  // kv 0: keys, 1: values
 };
 
 }  // namespace tq

@@ -231,7 +231,7 @@ void save_run(const std::string& path, const Config& c, const RunConfig& rc,
   w.save(path, *root);
 }
 
-RunConfig read_run_config(const std::string& path) {
+RunConfig read_run_config(const std::string& path, RunShards* shards) {
   // its pickle only: the records' CRC-32s (every tensor's bytes) are load_run's to check, once
   const PtReader pt(path, false);
   const Reader r{path};
@@ -257,6 +257,15 @@ RunConfig read_run_config(const std::string& path) {
     }
   }
   rc.resume = path;
+  if (shards) {
+    const Value* d = r.get(pt.root.get(), "data", Value::Dict);
+    shards->tokenizer_sha256 = r.get(d, "tokenizer_sha256", Value::Str)->s;
+    const int64_t v = r.integer(d, "vocab_size"), e = r.integer(d, "eos_id");
+    if (v > INT32_MAX || e >= v)
+      throw Error(path + ": data.vocab_size " + std::to_string(v) + " and data.eos_id " +
+                  std::to_string(e) + " are not a tokenizer's");
+    shards->vocab_size = uint32_t(v), shards->eos_id = uint32_t(e);
+  }
   return rc;
 }
 

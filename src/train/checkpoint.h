@@ -53,9 +53,16 @@ void save_run(const std::string& path, const Config& c, const RunConfig& rc,
               const data::ShardMeta& meta, const OptimizerArenas& a, const TrainState& st,
               const TrainRecord& rec);
 
+// The shards a text run's checkpoint recorded having trained on ("data"): their tokenizer's
+// SHA-256, its vocabulary size and end-of-text id.
+struct RunShards {
+  std::string tokenizer_sha256;
+  uint32_t vocab_size = 0, eos_id = 0;
+};
+
 // The recorded configuration of the run `path` continues (Error if it is not a text run's
-// checkpoint or its configuration is damaged).
-RunConfig read_run_config(const std::string& path);
+// checkpoint or its configuration is damaged); with `shards`, also what it recorded of them.
+RunConfig read_run_config(const std::string& path, RunShards* shards = nullptr);
 
 // Restores the weights, the optimizer's moments and the state, handing each arena's values to
 // master, m and v by pieces (m and v unused for SGD), after checking the file against rc (its

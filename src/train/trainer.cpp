@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "cpu/runtime.h"
@@ -19,6 +20,7 @@
 #include "io/model_file.h"
 #include "model/config.h"
 #include "model/init.h"
+#include "infer/generate.h"
 #include "model/qwen3.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
@@ -208,7 +210,7 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
         decay_type_name(sched.type), rc.lr_min, rc.max_norm, (long long)rc.grad_accum);
   std::fflush(stdout);
 
-  Qwen3 model(c, rc.dtype, rc.B, rc.T, ops, false);
+  Qwen3 model(c, rc.dtype, rc.B, rc.T, ops);
   const ParamLayout& layout = model.layout();
   const size_t n = layout.total;
   // the optimizer's arenas, in the backend's memory (optimizer_bytes)
@@ -238,6 +240,50 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
       model.set_params(piece.data(), off, k);
     }
   }
+
+  // Samples (--prompt): a generation model beside the training one, given its weights at each
+  // sample; built now, so that its memory is known before step 0. It reads nothing the steps
+  // use, so a run's results are the same with samples or without.
+  std::optional<text::Tokenizer> tok;
+  std::vector<std::vector<int32_t>> prompts;
+  std::unique_ptr<Qwen3> sampler;
+  if (!rc.prompts.empty()) {
+    tok.emplace(text::Tokenizer::load(meta.tokenizer_path));
+    for (const std::string& p : rc.prompts) {
+      const std::vector<uint32_t> ids = tok->encode(p);
+      if (ids.empty()) throw Error("--prompt '" + p + "' has no tokens to continue");
+      prompts.emplace_back(ids.begin(), ids.end());
+    }
+    const int64_t T = infer::context_needed(prompts, rc.sample_tokens);
+    if (T > c.max_ctx)
+      throw Error("a --prompt and --sample-tokens " + std::to_string(rc.sample_tokens) + " make " +
+                  std::to_string(T) + " tokens, past " + c.name + "'s context");
+    const MemoryPlan mp = memory_plan(c, rc.dtype, int64_t(prompts.size()), T, ops, Use::generate);
+    sampler = std::make_unique<Qwen3>(c, rc.dtype, int64_t(prompts.size()), T, ops, Use::generate);
+    std::printf("samples: %zu prompt(s), %lld tokens each, %s; %.1f MiB\n", prompts.size(),
+                (long long)rc.sample_tokens,
+                rc.sample_every > 0
+                    ? ("every " + std::to_string(rc.sample_every) + " steps").c_str()
+                    : "at the end",
+                double(mp.total()) / (1 << 20));
+  }
+  const auto sample = [&](int64_t step) {
+    sampler->copy_params(model);
+    infer::GenerateConfig gc;
+    gc.max_new_tokens = rc.sample_tokens;
+    gc.sampling.greedy = true;
+    gc.eos = int32_t(meta.eos_id);
+    const std::vector<infer::Generation> gens = infer::generate(*sampler, prompts, gc);
+    for (size_t i = 0; i < gens.size(); ++i) {
+      infer::TextStream ts(*tok);
+      std::string text;
+      for (int32_t id : gens[i].ids)
+        if (id != gc.eos) text += ts.add(id);
+      std::printf("sample at step %lld: %s%s\n", (long long)step, rc.prompts[i].c_str(),
+                  (text + ts.finish()).c_str());
+    }
+    std::fflush(stdout);
+  };
 
   MetricsLog log(rc.metrics, st.step);
   TrainRecord rec;
@@ -321,6 +367,10 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
                   (unsigned long long)vt);
       std::fflush(stdout);
       log.validation(s + 1, tokens, vl, vt);
+    }
+    if (sampler && ((rc.sample_every > 0 && (s + 1) % rc.sample_every == 0) || s + 1 == rc.steps)) {
+      clear_progress();
+      sample(s + 1);
     }
     if (governor) governor->after_step();
     st.step = s + 1, st.epoch = loader.epoch(), st.position = loader.position();

@@ -51,6 +51,10 @@ struct RunConfig {
   int64_t save_every = 0, keep = 0;
   int64_t stop_after = 0;  // stop after this step, resumable (0: run to the end)
   std::string resume;      // the checkpoint this run continues, or ""
+  // samples: every sample_every steps (0: none), each prompt's greedy continuation of
+  // sample_tokens tokens (what the model writes, for the eye; not recorded by checkpoints)
+  int64_t sample_every = 0, sample_tokens = 32;
+  std::vector<std::string> prompts;
 };
 
 // `output` names a folder (it ends in '/' or is one): checkpoints go in it by step.
