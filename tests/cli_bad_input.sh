@@ -395,6 +395,35 @@ expect_error "eval: --tokenizer not the shards'" eval "$dir/ck/walk.pt" --data "
 expect_error "eval: shards of a tokenizer larger than the model's vocabulary" eval "$dir/ck/walk.pt" --data "$dir/bigvocab"
 expect_error "eval: --text with no tokenizer known" eval "$dir/ck/walk.pt" --text "$dir/text.txt"
 expect_error "eval: --text file missing" eval "$dir/ck/walk.pt" --text "$dir/none.txt" --tokenizer "$dir/tok.json"
+# generate: the same checkpoints (run.pt records tok.json through its shards)
+python3 - "$dir/tok.json" "$dir/big.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+t.setdefault("added_tokens", []).append({"id": 5000, "content": "<|big|>", "single_word": False,
+    "lstrip": False, "rstrip": False, "normalized": False, "special": True})
+json.dump(t, open(sys.argv[2], "w"))
+PY
+python3 -c 'print("the " * 5000)' >"$dir/long.txt"
+: >"$dir/no_prompts.txt"
+expect_error "generate: missing model" generate "$dir/ck/none.pt" --prompt "the"
+expect_error "generate: no prompt" generate "$run"
+expect_error "generate: an empty prompt" generate "$run" --prompt ""
+expect_error "generate: a prompt past the context" generate "$run" --prompt-file "$dir/long.txt"
+expect_error "generate: new tokens past the context" generate "$run" --prompt "the" --max-new-tokens 5000
+expect_error "generate: --top-p 0" generate "$run" --prompt "the" --top-p 0
+expect_error "generate: --top-p above 1" generate "$run" --prompt "the" --top-p 1.5
+expect_error "generate: negative --temperature" generate "$run" --prompt "the" --temperature -1
+expect_error "generate: negative --top-k" generate "$run" --prompt "the" --top-k -1
+expect_error "generate: zero --max-new-tokens" generate "$run" --prompt "the" --max-new-tokens 0
+expect_error "generate: unknown dtype" generate "$run" --prompt "the" --dtype float16
+expect_error "generate: --tokenizer not the model's" generate "$run" --prompt "the" --tokenizer "$dir/tok2.json"
+expect_error "generate: a tokenizer larger than the model's vocabulary" generate "$dir/ck/walk.pt" --prompt "the" --tokenizer "$dir/big.json"
+expect_error "generate: no tokenizer known" generate "$dir/ck/walk.pt" --prompt "the"
+expect_error "generate: --prompt-file missing" generate "$run" --prompt-file "$dir/none.txt"
+expect_error "generate: --prompt-file with no prompt" generate "$run" --prompt-file "$dir/no_prompts.txt"
+expect_error "train: --sample-every without --prompt" train --data "$dir/shards2" --sample-every 2 $out
+expect_error "train: --prompt without --data" train --prompt "the" $out
+expect_error "train: an empty --prompt" train --data "$dir/shards2" --seq-len 4 --steps 2 --prompt "" $out
 if command -v taskset >/dev/null; then
   expect_threads "default threads" 1 "" --
   expect_threads "--threads 2" 2 "--threads 2 is more than the 1 CPU(s)" -- --threads 2

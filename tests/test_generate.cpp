@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "core/common.h"
 #include "cpu/layers.h"
@@ -11,6 +12,7 @@
 #include "model/qwen3.h"
 #include "ref/layers.h"
 #include "testing.h"
+#include "text/utf8.h"
 
 namespace tq {
 namespace {
@@ -39,11 +41,10 @@ TEST(Generate, DecodeAttentionIsTheLastRowOfCausalAttention) {
     std::vector<uint16_t> out16(out.size());
     const std::vector<uint16_t> q16 = as16(q), k16 = as16(kc), v16 = as16(vc);
     if (h16)
-      cpu::attention_decode(reinterpret_cast<float*>(out16.data()),
-                            reinterpret_cast<const float*>(q16.data()),
-                            reinterpret_cast<const float*>(k16.data()),
-                            reinterpret_cast<const float*>(v16.data()), len.data(), B, H, KVH, D,
-                            Tc, true, true);
+      cpu::attention_decode(
+          reinterpret_cast<float*>(out16.data()), reinterpret_cast<const float*>(q16.data()),
+          reinterpret_cast<const float*>(k16.data()), reinterpret_cast<const float*>(v16.data()),
+          len.data(), B, H, KVH, D, Tc, true, true);
     else
       cpu::attention_decode(out.data(), q.data(), kc.data(), vc.data(), len.data(), B, H, KVH, D,
                             Tc, false, false);
@@ -60,7 +61,8 @@ TEST(Generate, DecodeAttentionIsTheLastRowOfCausalAttention) {
                              D);
       for (int64_t i = 0; i < H * D; ++i) {
         const double want = o[size_t((t - 1) * H * D + i)];
-        const double got = h16 ? bf16_to_f32(out16[size_t(b * H * D + i)]) : out[size_t(b * H * D + i)];
+        const double got =
+            h16 ? bf16_to_f32(out16[size_t(b * H * D + i)]) : out[size_t(b * H * D + i)];
         // bf16: the output's rounding (2^-8 relative) and the operands' exact products
         ASSERT_NEAR(got, want, h16 ? 8e-3 * std::fabs(want) + 1e-6 : 2e-6)
             << "h16 " << h16 << " b " << b << " i " << i;
@@ -148,6 +150,10 @@ TEST(Generate, RefusesWhatDoesNotFit) {
   EXPECT_THROW(gen.forward(b), Error);
   Qwen3 ev(c, DType::f32, 1, 6, cpu_ops(), Use::eval);
   EXPECT_THROW(ev.backward(), Error);
+  EXPECT_THROW(ev.sgd_update(0.1f), Error);
+  std::vector<float> g(make_layout(c).total);
+  EXPECT_THROW(ev.get_grads(g.data()), Error);
+  EXPECT_THROW(ev.grads_into(g.data()), Error);
   EXPECT_THROW(ev.prefill(0, ids.data(), 3, out.data()), Error);
 }
 
@@ -235,12 +241,39 @@ TEST(Generate, StopsAtEndOfTextOrTheBudget) {
   Qwen3 again(c, DType::f32, 2, infer::context_needed(prompts, 12), cpu_ops(), Use::generate);
   again.set_params(w.data());
   const auto stopped = infer::generate(again, prompts, gc);
-  const size_t first = size_t(std::find(gens[0].ids.begin(), gens[0].ids.end(), gc.eos) -
-                              gens[0].ids.begin());
+  const size_t first =
+      size_t(std::find(gens[0].ids.begin(), gens[0].ids.end(), gc.eos) - gens[0].ids.begin());
   EXPECT_EQ(stopped[0].ids.size(), first + 1);
   EXPECT_TRUE(stopped[0].stopped_at_eos);
   EXPECT_EQ(std::vector<int32_t>(gens[0].ids.begin(), gens[0].ids.begin() + int64_t(first) + 1),
             stopped[0].ids);
+}
+
+// Text as it streams: a character split across tokens is held until its last byte; invalid
+// bytes become U+FFFD as the whole decode makes them; the pieces add up to decode(ids).
+TEST(Generate, TextStreamsWholeCharacters) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[text::byte_level_chars()[size_t(b)]] = b;  // byte b: id b
+  const nlohmann::json j = {
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}},
+      {"decoder", {{"type", "ByteLevel"}}}};
+  const text::Tokenizer tok = text::Tokenizer::from_json(j.dump(), "bytes.json");
+  const std::string s = "a\xc3\xa9\xe2\x82\xac\xff!\xe2\x82";  // a, é, €, a stray byte, !, a cut €
+  infer::TextStream ts(tok);
+  std::vector<std::string> pieces;
+  for (unsigned char ch : s) pieces.push_back(ts.add(int32_t(ch)));
+  EXPECT_EQ(pieces[1], "");  // é's first byte: held
+  EXPECT_EQ(pieces[2], "\xc3\xa9");
+  EXPECT_EQ(pieces[4], "");
+  EXPECT_EQ(pieces[5], "\xe2\x82\xac");
+  std::string all;
+  for (const std::string& p : pieces) all += p;
+  all += ts.finish();
+  std::vector<uint32_t> ids;
+  for (unsigned char ch : s) ids.push_back(ch);
+  EXPECT_EQ(all, tok.decode(ids));
+  EXPECT_EQ(all, text::repair_utf8(s));
 }
 
 }  // namespace

@@ -622,8 +622,8 @@ TEST(Qwen3, SgdOnlyModelTrainsTheSameInLessMemory) {
           m2.get_params(p2.data());
           ASSERT_EQ(p1, p2) << what << " step " << s;
         }
-        const bool compact =
-            memory_plan(c, dt, 2, 9, o, Use::sgd).grads < memory_plan(c, dt, 2, 9, o, Use::train).grads;
+        const bool compact = memory_plan(c, dt, 2, 9, o, Use::sgd).grads <
+                             memory_plan(c, dt, 2, 9, o, Use::train).grads;
         EXPECT_EQ(compact, o.matmul_backward_sgd != nullptr) << what;
         if (compact) {
           EXPECT_THROW(m2.backward(), Error) << what;

@@ -190,11 +190,12 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
       throw Error("--optimizer " + a.optimizer +
                   " trains on text: give --data DIR (shards from "
                   "tiny-qwen3 prepare); the walkthrough's fixed batch trains with sgd");
-    for (const char* f : {"--data-order", "--grad-accum", "--beta1", "--beta2", "--eps",
-                          "--weight-decay", "--warmup-steps", "--decay-ratio", "--decay-type",
-                          "--lr-min", "--max-norm", "--val-every", "--val-tokens", "--log-every",
-                          "--metrics", "--save-every", "--keep", "--stop-after",
-                          "--sample-every", "--prompt", "--sample-tokens"})
+    for (const char* f :
+         {"--data-order",   "--grad-accum",   "--beta1",       "--beta2",        "--eps",
+          "--weight-decay", "--warmup-steps", "--decay-ratio", "--decay-type",   "--lr-min",
+          "--max-norm",     "--val-every",    "--val-tokens",  "--log-every",    "--metrics",
+          "--save-every",   "--keep",         "--stop-after",  "--sample-every", "--prompt",
+          "--sample-tokens"})
       if (a.has(f))
         throw Error(std::string(f) +
                     " is for training on text: give --data DIR (shards from "

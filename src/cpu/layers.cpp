@@ -969,11 +969,15 @@ void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
 // once a step, which is what bounds it at long contexts (the products are 2 D flops a byte of
 // bf16 cache). Scores into s [G][len], softmax, then the rows of v summed into the outputs.
 template <class E>
-static void attn_decode(E* out, const E* q, const E* kc, const E* vc, const int32_t* len,
-                        int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t Tc, bool rnd) {
+static void attn_decode(E* out, const E* q, const E* kc, const E* vc, const int32_t* len, int64_t B,
+                        int64_t H, int64_t KVH, int64_t D, int64_t Tc, bool rnd) {
   const int64_t G = H / KVH;
   const float scale = 1.0f / std::sqrt(float(D));
-#pragma omp parallel
+  int64_t keys = 0;
+  for (int64_t b = 0; b < B; ++b) keys += len[b];
+    // A team only for work that repays waking it: a short context's step is microseconds of
+    // arithmetic, and a parallel region costs more than that on a loaded machine.
+#pragma omp parallel if (keys * H * D > (int64_t(1) << 18))
   {
     std::vector<float> qf(size_t(G * D)), acc(size_t(G * D)), s;
 #pragma omp for schedule(static)

@@ -487,7 +487,7 @@ void attention_decode(float* out, const float* q, const float* kc, const float* 
   if (D > kMaxD) throw Error("CUDA attention: head dim " + std::to_string(D) + " > 256");
   if (h16) throw Error("CUDA attention_decode: no bf16 storage on this backend");
   k_attn_decode<<<dim3(unsigned(H), unsigned(B)), kAT>>>(out, q, kc, vc, len, H, KVH, D, Tc,
-                                                        1.0f / sqrtf(float(D)), bf16);
+                                                         1.0f / sqrtf(float(D)), bf16);
   LAUNCHED("attention_decode");
 }
 

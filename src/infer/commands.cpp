@@ -32,7 +32,8 @@ static void print_kernel_times(FILE* f) {
   std::fprintf(f, "profile: kernel times over the run\n");
   for (const KernelTime& k : kernel_times()) {
     std::fprintf(f, "  %-26s %9.2f ms %7ld calls", k.name.c_str(), k.seconds * 1e3, k.calls);
-    if (k.bytes > 0) std::fprintf(f, " %9.1f MB %6.1f GB/s", k.bytes * 1e-6, k.bytes / k.seconds * 1e-9);
+    if (k.bytes > 0)
+      std::fprintf(f, " %9.1f MB %6.1f GB/s", k.bytes * 1e-6, k.bytes / k.seconds * 1e-9);
     std::fprintf(f, "\n");
   }
 }
@@ -94,12 +95,11 @@ int generate_command(const GenerateArgs& a) {
     std::fflush(stdout);
   }
   GenerateStats st;
-  const std::vector<Generation> gens =
-      generate(model, prompts, gc, &st, [&](int64_t, int32_t id) {
-        if (!streaming || id == gc.eos) return;
-        std::fputs(stream.add(id).c_str(), stdout);
-        std::fflush(stdout);
-      });
+  const std::vector<Generation> gens = generate(model, prompts, gc, &st, [&](int64_t, int32_t id) {
+    if (!streaming || id == gc.eos) return;
+    std::fputs(stream.add(id).c_str(), stdout);
+    std::fflush(stdout);
+  });
   const auto continuation = [&](const Generation& g) {
     TextStream s(tok);
     std::string t;

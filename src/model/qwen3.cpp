@@ -83,18 +83,32 @@ static std::vector<int64_t> layer_act_sizes(const Config& c, int64_t B, int64_t 
 }
 // bwd: the buffers only a backward uses (dqkv, dres, dtmp, dxn, dab, dm, datt, dq, dk, dv) are
 // sized (forward-only uses leave them empty)
-static std::vector<int64_t> scratch_sizes(const Config& c, int64_t B, int64_t T, bool h16,
-                                          bool qkn, bool bwd) {
+static std::vector<int64_t> scratch_sizes(const Config& c, int64_t B, int64_t T, bool h16, bool qkn,
+                                          bool bwd) {
   const int64_t N = B * T, HD = c.H * c.D, KD = qkn ? 0 : c.KVH * c.D;
   const auto f = [h16](int64_t n) { return floats(n, h16); };  // those stored as bf16 in h16
   const int64_t b = bwd ? 1 : 0;
   // qkv, tmp, dres, dtmp, dxn, dab, dm, datt, dq, dk, dv, dqr, dkr, tokens, targets, cos, sin,
   // docs (with qkn no dq, dk, dv, dqr, dkr: KD 0 and QD for dq, dqr)
   const int64_t QD = qkn ? 0 : HD;
-  return {b * f(N * c.qkv_rows()), N * c.C,        b * N * c.C,    b * N * c.C,    b * N * c.C,
-          b * f(N * 2 * c.F),      b * f(N * c.F), b * f(N * HD),  b * f(N * QD),  b * f(N * KD),
-          b * f(N * KD),           N * QD,         N * KD,         N,              N,
-          T * c.D / 2,             T * c.D / 2,    N};
+  return {b * f(N * c.qkv_rows()),
+          N * c.C,
+          b * N * c.C,
+          b * N * c.C,
+          b * N * c.C,
+          b * f(N * 2 * c.F),
+          b * f(N * c.F),
+          b * f(N * HD),
+          b * f(N * QD),
+          b * f(N * KD),
+          b * f(N * KD),
+          N * QD,
+          N * KD,
+          N,
+          N,
+          T * c.D / 2,
+          T * c.D / 2,
+          N};
 }
 static int64_t sum(const std::vector<int64_t>& v) {
   int64_t s = 0;
@@ -180,14 +194,14 @@ Needs needs(const Config& c, const ParamLayout& p, DType dtype, const Ops& o, Us
 
 // Floats of each arena and how the activations are laid out.
 struct Sizes {
-  int64_t rows;         // the most rows a pass takes: B T, or generate's max(T, B)
-  std::vector<int64_t> layer;    // one layer's activations (LayerActs order)
-  int64_t layer_sets;   // L, or 1 where every layer reuses one set (forward only)
-  int64_t final_acts;   // res_final, xnf, rstdf, logits, lse_ce
-  int64_t logit_rows;   // rows of logits
+  int64_t rows;                // the most rows a pass takes: B T, or generate's max(T, B)
+  std::vector<int64_t> layer;  // one layer's activations (LayerActs order)
+  int64_t layer_sets;          // L, or 1 where every layer reuses one set (forward only)
+  int64_t final_acts;          // res_final, xnf, rstdf, logits, lse_ce
+  int64_t logit_rows;          // rows of logits
   std::vector<int64_t> scratch;
-  int64_t gen;          // generate: q [rows, H D], new keys and values [B, KVH D], lens [B]
-  int64_t cache;        // generate: the KV cache, in elements of the activations' storage
+  int64_t gen;    // generate: q [rows, H D], new keys and values [B, KVH D], lens [B]
+  int64_t cache;  // generate: the KV cache, in elements of the activations' storage
 };
 Sizes sizes(const Config& c, DType dtype, int64_t B, int64_t T, const Ops& o, Use use,
             const Needs& n) {
@@ -329,11 +343,13 @@ void Qwen3::get_params(float* host, size_t off, size_t n) const {
   download_arena(ops_, host, params_, off, n, dtype_);
 }
 void Qwen3::get_grads(float* host) const {
+  if (!trains(use_)) throw Error("get_grads: this model was built for forward passes only");
   if (compact_grads_) throw Error("get_grads: this model keeps gradients only for the fused step");
   download_arena(ops_, host, grads_, 0, layout_.total, dtype_);
 }
 
 void Qwen3::grads_into(float* dst) const {
+  if (!trains(use_)) throw Error("grads_into: this model was built for forward passes only");
   if (compact_grads_) throw Error("grads_into: this model keeps gradients only for the fused step");
   if (dtype_ == DType::f32) return ops_.copy(dst, static_cast<const float*>(grads_), layout_.total);
   ops_.bf16_to_f32(dst, static_cast<const uint16_t*>(grads_), int64_t(layout_.total));
@@ -450,14 +466,14 @@ void Qwen3::linear_backward(Act dx, Act dout, Act x, size_t off, int64_t IC, int
 
 double Qwen3::forward(const Batch& batch) {
   if (use_ == Use::generate) throw Error("forward: this model was built to generate");
-  const bool fits = trains(use_) ? batch.B == Bmax_ && batch.T == Tmax_
-                                 : batch.B >= 1 && batch.B <= Bmax_ && batch.T >= 1 &&
-                                       batch.T <= Tmax_;
+  const bool fits = trains(use_)
+                        ? batch.B == Bmax_ && batch.T == Tmax_
+                        : batch.B >= 1 && batch.B <= Bmax_ && batch.T >= 1 && batch.T <= Tmax_;
   const int64_t N = batch.B * batch.T;
   if (!fits || int64_t(batch.tokens.size()) != N || int64_t(batch.targets.size()) != N)
     throw Error("batch of " + std::to_string(batch.tokens.size()) + " tokens (B " +
-                std::to_string(batch.B) + ", T " + std::to_string(batch.T) + "), model built for B " +
-                std::to_string(Bmax_) + ", T " + std::to_string(Tmax_));
+                std::to_string(batch.B) + ", T " + std::to_string(batch.T) +
+                "), model built for B " + std::to_string(Bmax_) + ", T " + std::to_string(Tmax_));
   B_ = batch.B, T_ = batch.T, N_ = N;
   ops_.upload(tokens_, batch.tokens.data(), size_t(N) * 4);
   ops_.upload(targets_, batch.targets.data(), size_t(N) * 4);
@@ -734,6 +750,7 @@ void Qwen3::backward_pass() {
 }
 
 void Qwen3::sgd_update(float lr) {
+  if (!trains(use_)) throw Error("sgd_update: this model was built for forward passes only");
   if (compact_grads_) throw Error("sgd_update: this model keeps gradients only for the fused step");
   if (dtype_ == DType::f32)
     ops_.sgd_update_f32(static_cast<float*>(params_), static_cast<const float*>(grads_),

@@ -64,8 +64,7 @@ class Qwen3 {
   // backward, the gradient arena then holds only the other parameters' gradients (the
   // embedding or tied head and the norms: 0.6B bf16 311 MiB, not 1137), and backward(),
   // sgd_update() and get_grads() refuse. Use::eval and Use::generate keep no gradients.
-  Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& ops,
-        Use use = Use::train);
+  Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& ops, Use use = Use::train);
   ~Qwen3();
   Qwen3(const Qwen3&) = delete;
   Qwen3& operator=(const Qwen3&) = delete;
@@ -101,7 +100,7 @@ class Qwen3 {
   void prefill(int64_t row, const int32_t* tokens, int64_t n, float* logits);
   void decode(const int32_t* tokens, int64_t B, float* logits);
   int64_t cached(int64_t row) const { return len_.at(size_t(row)); }  // tokens in its cache
-  void backward();                     // grads of the last forward (grads are zeroed first)
+  void backward();  // grads of the last forward (grads are zeroed first)
   void sgd_update(float lr);
   // backward + sgd_update(lr) in one pass where the backend can: each weight with a single
   // gradient contribution takes its step inside its weight-gradient product, so its gradient

@@ -16,11 +16,11 @@
 
 #include "cpu/runtime.h"
 #include "data/shard.h"
+#include "infer/generate.h"
 #include "io/checkpoint.h"
 #include "io/model_file.h"
 #include "model/config.h"
 #include "model/init.h"
-#include "infer/generate.h"
 #include "model/qwen3.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import random
+import shutil
 import struct
 import sys
 import tempfile
@@ -203,4 +204,5 @@ if got:
                   f"{got['batch']} a forward)")
 else:
     harness.check("eval with the run's defaults runs", False)
+shutil.rmtree(tmp, ignore_errors=True)  # (two copies of the model: 250 MB)
 harness.finish()
