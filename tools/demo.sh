@@ -38,5 +38,6 @@ tail = train[-10:]
 print(f"demo: final train loss {sum(r['loss'] for r in tail) / len(tail):.4f} (mean of the last "
       f"{len(tail)} steps), val loss {val[-1]['val_loss']:.4f} after {train[-1]['tokens']:,} tokens")
 PY
+"$tq" eval "$out/debugmodel.pt" --data "$out/shards" --tokens 32768
 "$tq" generate "$out/debugmodel.pt" --prompt "The city council" --prompt "She looked at" \
   --prompt "In the morning" --max-new-tokens 40 --temperature 0.8 --top-k 50 --seed 0
