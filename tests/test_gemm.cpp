@@ -313,8 +313,8 @@ TEST(Gemm, GemvBitsDoNotDependOnThreadsOrOtherRows) {
   // the dispatch, on the set in use (TQ_CPU=avx2 caps it)
   const char* cap = std::getenv("TQ_CPU");
   if (!cpu::own_kernels()) GTEST_SKIP() << "no AVX2/AVX-512 kernels in use: OpenBLAS runs";
-  const cpu::GemmSet* set = cap && std::string(cap) == "avx2" ? nullptr
-                                                               : cpu::gemm_set(cpu::Isa::avx512);
+  const cpu::GemmSet* set =
+      cap && std::string(cap) == "avx2" ? nullptr : cpu::gemm_set(cpu::Isa::avx512);
   if (!set) set = cpu::gemm_set(cpu::Isa::avx2);
   uint32_t seed = 1400;
   for (int64_t M : {int64_t(1), cpu::kGemvRows, cpu::kGemvRows + 1})

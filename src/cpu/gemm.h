@@ -153,17 +153,21 @@ Sgemm swap_library_sgemm(Sgemm fn);
 const char* kernels_name();  // for the device line: "avx2 kernels", ..., "OpenBLAS kernels"
 
 // The GEMV path: products of at most kGemvRows rows of A (decoding: one new token per sequence)
-// against weights B whose rows are contiguous (B.ks == 1; B = W [OC, IC], the kind's storage:
+// against weights B whose rows are contiguous (B.ks == 1; B = W [OC, IC] in the kind's storage:
 // fp32 for the f32 kind, bf16 for the bf16 kind), A's rows contiguous (either storage). Such a
-// product is bound by reading W once, where the packed path (gemm_skinny) spends its time on
-// tiles 8-32x wider than the rows A has: each W row is read once and summed against every row
-// of A (in L1), the threads taking contiguous bands of W's rows. Each C element is one
-// accumulator of vector lanes over k in order, then the lanes added in a fixed tree (bf16 kind
-// on AVX-512 BF16: vdpbf16ps pairs, as the packed kernels; else one FMA per product): the
-// same bits whatever the thread count, and whatever the other rows of A are; not the bits of
-// the packed path, which sums in its own order. gemm_f32 / gemm_bf16 take it where it fits.
-// At 8 rows it still reads W at ~DRAM speed, and gemm_skinny took 2-5x as long at M <= 8
-// (docs/performance.md).
+// product is bound by reading W once; the packed path (gemm_skinny at these rows) sums tiles of
+// 32 (AVX-512) or 16 (AVX2) rows of A whatever rows A has. Here each W row is read once and summed
+// against every row of A (in L1), the threads taking contiguous bands of W's rows. Each C element
+// is one accumulator of vector lanes over k in order, its lanes then added in a fixed tree (the
+// bf16 kind on AVX-512 BF16: vdpbf16ps pairs, as the packed kernels; else one FMA per product):
+// the same bits whatever the thread count and whatever the other rows of A, but not the packed
+// path's bits. gemm_f32 / gemm_bf16 take it where gemv_fits says so, the kernel sets' packed
+// products (f32, bf16) everywhere else. Qwen3 0.6B's bf16 weights on the Zen 5 VM's 2 threads
+// (bench/gemv.cpp): 1 row read W at 43-52 GB/s, 8 rows at 30-37, against a read bandwidth of
+// 62-80 GB/s (tq_peak --read) and 12-21 GB/s for the packed path, whatever M up to 8 (the GEMV
+// 2-4x faster). 8 rows: the most beside which the AVX-512 kernel keeps 3 rows of W in
+// registers; the AVX2 set (16 ymm), FMA-bound from 3 rows, still read W 1.4x as fast as its
+// packed path at 8.
 constexpr int64_t kGemvRows = 8;
 bool gemv_fits(bool bf16_kind, int64_t M, int64_t N, int64_t K, const View& A, const View& B);
 

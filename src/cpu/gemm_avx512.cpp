@@ -422,8 +422,8 @@ void micro(int64_t S, const uint32_t* __restrict A, const uint32_t* __restrict B
 // ---- GEMV (gemm_driver.h): one vector of k of each of R W rows against M rows of A ----
 
 // M R accumulators, one per C element, beside R vectors of W and one of A: at most 29 of the 32
-// zmm. In L2, one core summed 8 rows at 40 GB/s of W (R = 3; vdpbf16ps at ~75 % of tq_peak),
-// 1 row at 96 (R = 8); R = 12 for one row spilled (half the speed).
+// zmm. With W in L2, one core summed 8 rows at ~40 GB/s of W (R = 3: vdpbf16ps at ~75 % of
+// tq_peak) and 1 row at ~100 (R = 8); R = 12 for one row ran at half that.
 constexpr int gemv_r(int M) {
   return M <= 2 ? 8 : M == 3 ? 6 : M == 4 ? 5 : M <= 6 ? 4 : 3;
 }
@@ -436,13 +436,21 @@ inline float hsum(__m512 v) {
   return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
 }
 
-// sums[m * R + r] = row m of A . row w[r] over K elements, lane j of a step's vector summing its
-// k's in order: fp32 FMAs (16 k a step), or for the bf16 kind bf16 pairs by vdpbf16ps (32 k a
-// step, an odd K padded with 0), as the packed kernels sum them. The last step is masked to K
-// (zeros add nothing).
+// With 4 rows of A or more, each step also fetches W's lines kGemvAhead bytes ahead (past the
+// end of a row, its sub-band's next one): 8 rows took 15-17 % less time with it than with the
+// hardware prefetchers alone (W1|W3, W2, qkv, lm_head; 2 threads), 4 rows -9 to +4 %; with 1-3
+// rows it cost 1-8 % (the hardware prefetchers keep up there).
+constexpr int64_t kGemvAhead = 2048;
+
+// sums[(m * R + r) * lds] = row m of A . row w[r] over K elements, lane j of a step's vector
+// summing its k's in order: fp32 FMAs (16 k a step), or for the bf16 kind bf16 pairs by
+// vdpbf16ps (32 k a step, an odd K padded with 0), as the packed kernels sum them. The last
+// step is masked to K (zeros add nothing).
 template <int MM, bool BF>
-void gemv_rows(int64_t K, const void* A, int64_t lda, const void* const* w, float* sums) {
+void gemv_rows(int64_t K, const void* A, int64_t lda, const void* const* w, float* sums,
+               int64_t lds) {
   constexpr int R = gemv_r(MM);
+  constexpr bool kPrefetch = MM >= 4;
   constexpr int64_t V = BF ? 32 : 16, es = BF ? 2 : 4;
   const char* ar[MM];
   const char* wr[R];
@@ -460,24 +468,19 @@ void gemv_rows(int64_t K, const void* A, int64_t lda, const void* const* w, floa
       if (!tail) return _mm512_loadu_si512(p);
       return BF ? _mm512_maskz_loadu_epi16(mk, p) : _mm512_maskz_loadu_epi32(__mmask16(mk), p);
     };
-    // W's vectors held, each A vector loaded once a step: loaded once per W vector instead (a
-    // memory operand of every vdpbf16ps), 8 rows ran at 19.5 instead of 34 GB/s from L2
+    // W's vectors held, each A vector loaded once a step into a register (the asm: else GCC
+    // folds it into every FMA as a memory operand). Loaded once per W vector, 8 rows ran at 19.5
+    // instead of 34 GB/s from L2 (the load ports bound).
     __m512i x[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) x[r] = load(wr[r] + off);
-    static const int64_t pfd = std::getenv("TQ_PFD") ? std::atoll(std::getenv("TQ_PFD")) : 0;  // XXX
-    static const int pfh = std::getenv("TQ_PFH") ? std::atoi(std::getenv("TQ_PFH")) : 0;  // XXX
-    if (pfd) {
+    if constexpr (kPrefetch)
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r)
-        if (pfh == 0)
-          _mm_prefetch(wr[r] + off + pfd, _MM_HINT_T0);
-        else
-          _mm_prefetch(wr[r] + off + pfd, _MM_HINT_T1);
-    }
+      for (int r = 0; r < R; ++r) _mm_prefetch(wr[r] + off + kGemvAhead, _MM_HINT_T0);
 #pragma GCC unroll 8
     for (int m = 0; m < MM; ++m) {
-      const __m512i y = load(ar[m] + off);
+      __m512i y = load(ar[m] + off);
+      __asm__("" : "+v"(y));
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r)
         if constexpr (BF)
@@ -495,7 +498,7 @@ void gemv_rows(int64_t K, const void* A, int64_t lda, const void* const* w, floa
 #pragma GCC unroll 8
   for (int m = 0; m < MM; ++m)
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) sums[m * R + r] = hsum(c[m][r]);
+    for (int r = 0; r < R; ++r) sums[(m * R + r) * lds] = hsum(c[m][r]);
 }
 
 // The kernel set for gemm_driver.h (the bf16 kind as pairs: Slot::bf16 is never asked for).
@@ -627,7 +630,9 @@ struct Kern {
       for (int64_t k = 0; k < K; k += 32) {
         const int64_t n = K - k;
         const __mmask16 m0 = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1),
-                        m1 = n >= 32 ? __mmask16(0xffff) : n > 16 ? __mmask16((1u << (n - 16)) - 1) : 0;
+                        m1 = n >= 32  ? __mmask16(0xffff)
+                             : n > 16 ? __mmask16((1u << (n - 16)) - 1)
+                                      : 0;
         if constexpr (BF) {
           const float* p = static_cast<const float*>(A.p) + m * A.rs + k;
           const __m512 x0 = _mm512_maskz_loadu_ps(m0, p), x1 = _mm512_maskz_loadu_ps(m1, p + 16);
@@ -644,24 +649,24 @@ struct Kern {
   }
   template <bool BF>
   static void gemv_rows(int M, int64_t K, const void* a, int64_t lda, const void* const* w,
-                        float* sums) {
+                        float* sums, int64_t lds) {
     switch (M) {
       case 1:
-        return cpu::gemv_rows<1, BF>(K, a, lda, w, sums);
+        return cpu::gemv_rows<1, BF>(K, a, lda, w, sums, lds);
       case 2:
-        return cpu::gemv_rows<2, BF>(K, a, lda, w, sums);
+        return cpu::gemv_rows<2, BF>(K, a, lda, w, sums, lds);
       case 3:
-        return cpu::gemv_rows<3, BF>(K, a, lda, w, sums);
+        return cpu::gemv_rows<3, BF>(K, a, lda, w, sums, lds);
       case 4:
-        return cpu::gemv_rows<4, BF>(K, a, lda, w, sums);
+        return cpu::gemv_rows<4, BF>(K, a, lda, w, sums, lds);
       case 5:
-        return cpu::gemv_rows<5, BF>(K, a, lda, w, sums);
+        return cpu::gemv_rows<5, BF>(K, a, lda, w, sums, lds);
       case 6:
-        return cpu::gemv_rows<6, BF>(K, a, lda, w, sums);
+        return cpu::gemv_rows<6, BF>(K, a, lda, w, sums, lds);
       case 7:
-        return cpu::gemv_rows<7, BF>(K, a, lda, w, sums);
+        return cpu::gemv_rows<7, BF>(K, a, lda, w, sums, lds);
       default:
-        return cpu::gemv_rows<8, BF>(K, a, lda, w, sums);
+        return cpu::gemv_rows<8, BF>(K, a, lda, w, sums, lds);
     }
   }
 };

@@ -38,9 +38,9 @@
 //   gemv_r(M)              W rows summed at once against M rows of A (at most kGemvMaxR)
 //   gemv_a<BF>(A, M, K, lda)   A as gemv_rows reads it: in place, or converted into the
 //                          calling thread's workspace (row stride lda of its elements)
-//   gemv_rows<BF>(M, K, a, lda, w, sums)   sums[m * gemv_r(M) + r] = row m of a . row w[r] of
-//                          W (K elements of the kind's storage, contiguous), each in one
-//                          accumulator whose lanes are added in a fixed tree at the end
+//   gemv_rows<BF>(M, K, a, lda, w, sums, lds)   sums[(m * gemv_r(M) + r) * lds] = row m of a .
+//                          row w[r] of W (K elements of the kind's storage, contiguous), each
+//                          in one accumulator whose lanes are added in a fixed tree at the end
 #pragma once
 #include <omp.h>
 #include <xmmintrin.h>
@@ -292,35 +292,51 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int6
 
 constexpr int kGemvMaxR = 8;  // most W rows a gemv_rows call sums at once
 // Below this many bytes of W the product runs on the calling thread: a parallel region's start
-// and end barrier (a few microseconds) would cost about as much as one core's read of it.
-constexpr int64_t kGemvSerialBytes = int64_t(256) << 10;
+// and end barrier (3-4 us on the Zen 5 VM) cost as much as the second thread saved up to 256 KiB
+// (bf16 W, K = 1024: 9 against 9.5 us for one row), and 512 KiB took 7-13 % less on two.
+constexpr int64_t kGemvSerialBytes = int64_t(512) << 10;
+// Sums kept per row of A and sub-band before they are stored (below)
+constexpr int kGemvRun = 16;
 
-// C element (m, n) from its sum s, as the packed kernels store it (gemm.h): fma(s, alpha, C)
-// with accumulate and alpha, C + s, s * alpha; rounded for Store::round and Store::bf16.
-inline void gemv_store(float* C, int64_t ldc, int64_t m, int64_t n, float s, bool acc, float alpha,
+// C[m, c0..c0+n) from their sums s[0..n), as the packed kernels store them (gemm.h):
+// fma(s, alpha, C) with accumulate and alpha, C + s, s * alpha; rounded for Store::round and
+// Store::bf16 (C then uint16_t, neither accumulate nor alpha).
+inline void gemv_store(float* C, int64_t off, const float* s, int n, bool acc, float alpha,
                        Store st) {
-  if (st == Store::bf16) {  // (neither accumulate nor alpha: gemm.h)
-    reinterpret_cast<uint16_t*>(C)[m * ldc + n] = to_bf16(s);
+  if (st == Store::bf16) {
+    store_rounded(reinterpret_cast<uint16_t*>(C) + off, 0, s, 0, 1, n);
     return;
   }
-  float& c = C[m * ldc + n];
-  if (acc && alpha != 1.0f)
-    s = __builtin_fmaf(s, alpha, c);
-  else if (acc)
-    s = s + c;
-  else if (alpha != 1.0f)
-    s = s * alpha;
-  c = st == Store::round ? round_to_bf16(s) : s;
+  float* c = C + off;
+  if (acc && alpha != 1.0f) {
+#pragma omp simd
+    for (int j = 0; j < n; ++j) c[j] = __builtin_fmaf(s[j], alpha, c[j]);
+  } else if (acc) {
+#pragma omp simd
+    for (int j = 0; j < n; ++j) c[j] = s[j] + c[j];
+  } else if (alpha != 1.0f) {
+#pragma omp simd
+    for (int j = 0; j < n; ++j) c[j] = s[j] * alpha;
+  } else {
+    std::memcpy(c, s, size_t(n) * 4);
+  }
+  if (st == Store::round) {
+#pragma omp simd
+    for (int j = 0; j < n; ++j) c[j] = round_to_bf16(c[j]);
+  }
 }
 
 // Each thread takes one contiguous band of W's rows (a static schedule; C's columns in
 // multiples of 32, so that no line of C is written by two threads), and splits it into
 // gemv_r(M) sub-bands of G rows: gemv_rows sums row i of every sub-band at once, so that each
 // of its gemv_r streams of W runs through its sub-band from start to end, as the hardware
-// prefetchers follow best, where gemv_r consecutive rows would start new streams of a few KiB
-// every call. A sub-band past the band's end repeats sub-band 0's row (in L1 by then), its
-// sums dropped. Nothing is shared between the threads but the end barrier; each converts A
-// itself where the kernel needs it converted (M K elements: ~1 % of reading W).
+// prefetchers follow best (W1|W3 on 2 threads: one row 10-20 % and 8 rows ~10 % faster than
+// with gemv_r consecutive rows, whose streams end every call; W2 the same either way). A
+// sub-band past the band's end repeats sub-band 0's row (in L1 by then), its sums dropped. The
+// sums of kGemvRun calls are stored together, each row of A and sub-band a run of contiguous
+// columns: element by element after every call, the stores took 17-25 % of an 8-row product
+// from L2. Nothing is shared between the threads but the end barrier; each converts A itself
+// where the kernel needs it converted (M K elements).
 template <class Kern, bool BF>
 void gemv(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc, bool accumulate,
           float alpha, Store st) {
@@ -332,19 +348,23 @@ void gemv(int64_t M, int64_t N, int64_t K, View A, View B, float* C, int64_t ldc
     int64_t lda;
     const void* a = Kern::template gemv_a<BF>(A, int(M), K, lda);
     const int64_t G = (n1 - n0 + R - 1) / R;
-    alignas(64) float sums[kGemvRows * kGemvMaxR];
+    alignas(64) float sums[kGemvRows * kGemvMaxR * kGemvRun];  // [m][r][call]
     const void* w[kGemvMaxR];
-    for (int64_t i = 0; i < G; ++i) {
-      static const bool consec = std::getenv("TQ_GEMV_CONSEC") && *std::getenv("TQ_GEMV_CONSEC") == '1';  // XXX experiment
-      const auto col = [&](int r) { return consec ? n0 + i * R + r : n0 + r * G + i; };
-      for (int r = 0; r < R; ++r) {
-        const int64_t n = col(r);
-        w[r] = W + (n < n1 ? n : col(0)) * ldw;
+    for (int64_t i0 = 0; i0 < G; i0 += kGemvRun) {
+      const int calls = int(lo(kGemvRun, G - i0));
+      for (int j = 0; j < calls; ++j) {
+        for (int r = 0; r < R; ++r) {
+          const int64_t n = n0 + r * G + i0 + j;
+          w[r] = W + (n < n1 ? n : n0 + i0 + j) * ldw;
+        }
+        Kern::template gemv_rows<BF>(int(M), K, a, lda, w, sums + j, kGemvRun);
       }
-      Kern::template gemv_rows<BF>(int(M), K, a, lda, w, sums);
-      for (int r = 0; r < R && col(r) < n1; ++r)
+      for (int r = 0; r < R; ++r) {
+        const int64_t c0 = n0 + r * G + i0, n = lo(calls, n1 - c0);
+        if (n <= 0) break;
         for (int64_t m = 0; m < M; ++m)
-          gemv_store(C, ldc, m, col(r), sums[m * R + r], accumulate, alpha, st);
+          gemv_store(C, m * ldc + c0, sums + (m * R + r) * kGemvRun, int(n), accumulate, alpha, st);
+      }
     }
   };
   if (omp_in_parallel() || omp_get_max_threads() == 1 || N * ldw < kGemvSerialBytes)
