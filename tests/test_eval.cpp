@@ -46,28 +46,6 @@ Batch batch(const std::vector<int32_t>& ids, size_t at, int64_t B, int64_t T, bo
   return b;
 }
 
-// The optional kernels left out: the composed QK-norm + RoPE (into the scratch a forward-only
-// model keeps) and plain attention, as the CUDA backend runs them.
-Ops bare() {
-  Ops o = cpu_ops();
-  o.name = "bare";
-  o.embedding_forward_bf16 = nullptr;
-  o.matmul_forward_bf16w = nullptr;
-  o.matmul_backward_bf16w = nullptr;
-  o.matmul_backward_bf16g = nullptr;
-  o.matmul_backward_sgd = nullptr;
-  o.matmul_backward_sgd_bf16w = nullptr;
-  o.qk_norm_rope_forward = nullptr;
-  o.qk_norm_rope_backward = nullptr;
-  o.attention_forward_bf16 = nullptr;
-  o.attention_backward_bf16 = nullptr;
-  o.attention_qkn_forward = nullptr;
-  o.attention_qkn_backward = nullptr;
-  o.swiglu_forward_bf16 = nullptr;
-  o.swiglu_backward_bf16 = nullptr;
-  return o;
-}
-
 std::vector<float> logits(const Qwen3& m, int64_t n, int64_t V) {
   std::vector<float> l(size_t(n * V));
   m.logits(l.data(), 0, n);
@@ -80,7 +58,9 @@ TEST(Qwen3, EvalForwardEqualsTrainForward) {
   const Config c = tiny();
   const std::vector<float> w = params(c);
   const std::vector<int32_t> ids = stream(400, 1);
-  const Ops b = bare();
+  // the optional kernels left out: the composed QK-norm + RoPE (into the scratch a forward-only
+  // model keeps) and plain attention, as the CUDA backend runs them
+  const Ops b = test::bare_ops();
   for (const Ops* o : {&cpu_ops(), &b})
     for (DType dt : {DType::f32, DType::bf16})
       for (bool docs : {false, true}) {
@@ -107,7 +87,7 @@ TEST(Qwen3, EvalForwardOfFewerRowsEqualsASmallerModel) {
   const Config c = tiny();
   const std::vector<float> w = params(c);
   const std::vector<int32_t> ids = stream(400, 2);
-  const Ops b = bare();
+  const Ops b = test::bare_ops();
   for (const Ops* o : {&cpu_ops(), &b})
     for (DType dt : {DType::f32, DType::bf16})
       for (bool docs : {false, true}) {

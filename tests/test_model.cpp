@@ -486,28 +486,8 @@ TEST(Qwen3, Bf16KeepsParametersAndGradientsInBf16) {
   EXPECT_NEAR(l0, ref::model_loss(c, wr.data(), b), 2e-2);
 }
 
-// A backend table for plans: bare has none of the optional kernels, full has all of them
+// A backend table for plans with all the optional kernels, beside test::bare_ops with none
 // (memory_plan reads only which entries are set, so these hold on any CPU).
-Ops bare_ops() {
-  Ops o = cpu_ops();
-  o.name = "bare";
-  o.embedding_forward_bf16 = nullptr;
-  o.embedding_backward_bf16 = nullptr;
-  o.matmul_forward_bf16w = nullptr;
-  o.matmul_backward_bf16w = nullptr;
-  o.matmul_backward_bf16g = nullptr;
-  o.matmul_backward_sgd = nullptr;
-  o.matmul_backward_sgd_bf16w = nullptr;
-  o.qk_norm_rope_forward = nullptr;
-  o.qk_norm_rope_backward = nullptr;
-  o.attention_forward_bf16 = nullptr;
-  o.attention_backward_bf16 = nullptr;
-  o.attention_qkn_forward = nullptr;
-  o.attention_qkn_backward = nullptr;
-  o.swiglu_forward_bf16 = nullptr;
-  o.swiglu_backward_bf16 = nullptr;
-  return o;
-}
 Ops full_ops() {
   Ops o = cpu_ops();
   o.embedding_forward_bf16 = cpu::embedding_forward_bf16;
@@ -530,7 +510,7 @@ Ops full_ops() {
 
 TEST(MemoryPlan, CountsEveryArena) {
   const Config& dm = preset("debugmodel");
-  const Ops bare = bare_ops(), full = full_ops();
+  const Ops bare = test::bare_ops(), full = full_ops();
   const MemoryPlan mp = memory_plan(dm, DType::f32, 1, 32, bare, Use::train);
   EXPECT_EQ(mp.params, 31987968u * 4);
   EXPECT_EQ(mp.grads, mp.params);
@@ -603,7 +583,7 @@ TEST(Qwen3, SgdOnlyModelTrainsTheSameInLessMemory) {
   for (DType dt : {DType::f32, DType::bf16})
     for (bool tied : {true, false})
       for (const Ops* ops : {&cpu_ops(), static_cast<const Ops*>(nullptr)}) {
-        const Ops bare = bare_ops();
+        const Ops bare = test::bare_ops();
         const Ops& o = ops ? *ops : bare;
         const Config c = tiny(tied);
         const std::vector<float> w = tiny_params(c);
@@ -661,7 +641,7 @@ TEST(Batch, MarkDocumentsStartsOneAfterEveryEos) {
 // attention, as CUDA runs it); a batch of one document a row is the causal batch, bit for bit;
 // and the mask matters.
 TEST(Qwen3, BlockCausalForwardMatchesTheReferenceModel) {
-  const Ops bare = bare_ops();
+  const Ops bare = test::bare_ops();
   for (const Ops* o : {&cpu_ops(), &bare})
     for (bool tied : {true, false}) {
       const Config c = tiny(tied);

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "model/ops.h"
+
 namespace tq::test {
 
 inline std::vector<double> randn(size_t n, uint32_t seed, double scale = 1.0) {
@@ -49,6 +51,29 @@ inline void write_all(const std::string& path, const std::string& data) {
 }
 inline bool exists(const std::string& path) {
   return access(path.c_str(), F_OK) == 0;
+}
+
+// The CPU backend with none of its optional kernels: the model's compositions of the required
+// ones (its tests, and plans that must not depend on this CPU's kernels)
+inline Ops bare_ops() {
+  Ops o = cpu_ops();
+  o.name = "bare";
+  o.embedding_forward_bf16 = nullptr;
+  o.embedding_backward_bf16 = nullptr;
+  o.matmul_forward_bf16w = nullptr;
+  o.matmul_backward_bf16w = nullptr;
+  o.matmul_backward_bf16g = nullptr;
+  o.matmul_backward_sgd = nullptr;
+  o.matmul_backward_sgd_bf16w = nullptr;
+  o.qk_norm_rope_forward = nullptr;
+  o.qk_norm_rope_backward = nullptr;
+  o.attention_forward_bf16 = nullptr;
+  o.attention_backward_bf16 = nullptr;
+  o.attention_qkn_forward = nullptr;
+  o.attention_qkn_backward = nullptr;
+  o.swiglu_forward_bf16 = nullptr;
+  o.swiglu_backward_bf16 = nullptr;
+  return o;
 }
 
 }  // namespace tq::test

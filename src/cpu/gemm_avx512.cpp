@@ -650,24 +650,8 @@ struct Kern {
   template <bool BF>
   static void gemv_rows(int M, int64_t K, const void* a, int64_t lda, const void* const* w,
                         float* sums, int64_t lds) {
-    switch (M) {
-      case 1:
-        return cpu::gemv_rows<1, BF>(K, a, lda, w, sums, lds);
-      case 2:
-        return cpu::gemv_rows<2, BF>(K, a, lda, w, sums, lds);
-      case 3:
-        return cpu::gemv_rows<3, BF>(K, a, lda, w, sums, lds);
-      case 4:
-        return cpu::gemv_rows<4, BF>(K, a, lda, w, sums, lds);
-      case 5:
-        return cpu::gemv_rows<5, BF>(K, a, lda, w, sums, lds);
-      case 6:
-        return cpu::gemv_rows<6, BF>(K, a, lda, w, sums, lds);
-      case 7:
-        return cpu::gemv_rows<7, BF>(K, a, lda, w, sums, lds);
-      default:
-        return cpu::gemv_rows<8, BF>(K, a, lda, w, sums, lds);
-    }
+    with_gemv_rows(
+        M, [&](auto rows) { cpu::gemv_rows<decltype(rows)::value, BF>(K, a, lda, w, sums, lds); });
   }
 };
 

@@ -52,6 +52,7 @@
 #include <cstring>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/gemm.h"
@@ -297,6 +298,29 @@ constexpr int kGemvMaxR = 8;  // most W rows a gemv_rows call sums at once
 constexpr int64_t kGemvSerialBytes = int64_t(512) << 10;
 // Sums kept per row of A and sub-band before they are stored (below)
 constexpr int kGemvRun = 16;
+// fn(std::integral_constant<int, M>{}) for M in 1..kGemvRows: the kernels' row count as a
+// template argument, chosen at run time (each instruction set's Kern::gemv_rows)
+template <class Fn>
+inline void with_gemv_rows(int M, Fn&& fn) {
+  switch (M) {
+    case 1:
+      return fn(std::integral_constant<int, 1>());
+    case 2:
+      return fn(std::integral_constant<int, 2>());
+    case 3:
+      return fn(std::integral_constant<int, 3>());
+    case 4:
+      return fn(std::integral_constant<int, 4>());
+    case 5:
+      return fn(std::integral_constant<int, 5>());
+    case 6:
+      return fn(std::integral_constant<int, 6>());
+    case 7:
+      return fn(std::integral_constant<int, 7>());
+    default:
+      return fn(std::integral_constant<int, 8>());
+  }
+}
 
 // C[m, c0..c0+n) from their sums s[0..n), as the packed kernels store them (gemm.h):
 // fma(s, alpha, C) with accumulate and alpha, C + s, s * alpha; rounded for Store::round and
