@@ -111,13 +111,7 @@ int eval_command(const EvalArgs& a) {
   std::optional<text::Tokenizer> tok;
   std::string no_bpb, source;
   if (!a.data.empty()) {
-    if (!is_file(a.data + "/meta.json"))
-      throw Error("--data " + a.data + " is not a folder of token shards (no meta.json): make " +
-                  "one with tiny-qwen3 prepare");
-    const data::ShardMeta meta = data::read_meta(a.data);
-    if (meta.vocab_size > uint64_t(c.V))
-      throw Error(a.data + ": its tokenizer has " + std::to_string(meta.vocab_size) +
-                  " ids, more than " + c.name + "'s vocabulary of " + std::to_string(c.V));
+    const data::ShardMeta meta = train::read_shards_for(a.data, c);
     if (!m.tokenizer_sha256.empty() && meta.tokenizer_sha256 != m.tokenizer_sha256)
       throw Error("--data " + a.data + " holds another tokenizer's ids (SHA-256 " +
                   meta.tokenizer_sha256.substr(0, 16) + "...) than " + a.model +

@@ -1,11 +1,24 @@
 #include "train/data.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <random>
 
 #include "core/common.h"
 
 namespace tq::train {
+
+data::ShardMeta read_shards_for(const std::string& dir, const Config& c) {
+  if (access((dir + "/meta.json").c_str(), F_OK) != 0)
+    throw Error("--data " + dir + " is not a folder of token shards (no meta.json): make " +
+                "one with tiny-qwen3 prepare");
+  const data::ShardMeta meta = data::read_meta(dir);
+  if (meta.vocab_size > uint64_t(c.V))
+    throw Error(dir + ": its tokenizer has " + std::to_string(meta.vocab_size) +
+                " ids, more than " + c.name + "'s vocabulary of " + std::to_string(c.V));
+  return meta;
+}
 
 TokenStream::TokenStream(const std::string& dir, const std::string& split, uint32_t vocab_size) {
   for (const std::string& path : data::list_shards(dir, split)) {

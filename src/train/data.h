@@ -10,6 +10,10 @@
 
 namespace tq::train {
 
+// DIR/meta.json of shards that a model of `c` reads: Error (one line) where DIR holds no shards,
+// or their tokenizer has more ids than c's vocabulary.
+data::ShardMeta read_shards_for(const std::string& dir, const Config& c);
+
 // A split's shards as one stream of ids, each shard checked (ids below vocab_size) when opened.
 class TokenStream {
  public:

@@ -166,13 +166,7 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
   if (output_is_folder(rc.output) && mkdir(rc.output.c_str(), 0777) != 0 && errno != EEXIST)
     throw Error("--output " + rc.output + ": cannot create the folder (" + std::strerror(errno) +
                 ")");
-  if (access((rc.data + "/meta.json").c_str(), F_OK) != 0)
-    throw Error("--data " + rc.data + " is not a folder of token shards (no meta.json): make " +
-                "one with tiny-qwen3 prepare");
-  const data::ShardMeta meta = data::read_meta(rc.data);
-  if (meta.vocab_size > uint64_t(c.V))
-    throw Error(rc.data + ": its tokenizer has " + std::to_string(meta.vocab_size) +
-                " ids, more than " + c.name + "'s vocabulary of " + std::to_string(c.V));
+  const data::ShardMeta meta = read_shards_for(rc.data, c);
   const TokenStream train_stream(rc.data, "train", uint32_t(c.V));
   BatchLoader loader(train_stream, rc.B, rc.T, rc.order, uint64_t(rc.seed));
   std::optional<TokenStream> val_stream;
