@@ -228,16 +228,20 @@ Sizes sizes(const Config& c, DType dtype, int64_t B, int64_t T, const Ops& o, Us
 }
 }  // namespace
 
-MemoryPlan memory_plan(const Config& c, DType dtype, int64_t B, int64_t T, const Ops& ops,
-                       Use use) {
-  const ParamLayout p = make_layout(c);
-  const Needs n = needs(c, p, dtype, ops, use);
-  const Sizes z = sizes(c, dtype, B, T, ops, use, n);
+// The bytes of the arenas these needs and sizes make.
+static MemoryPlan plan_of(const ParamLayout& p, DType dtype, const Needs& n, const Sizes& z) {
   MemoryPlan m{p.total * dtype_size(dtype), n.grads * dtype_size(dtype),
                size_t(z.layer_sets * sum(z.layer) + z.final_acts) * 4,
                size_t(sum(z.scratch) + z.gen) * 4 + (n.wview + n.gview) * 4};
   m.cache = size_t(z.cache) * (n.h16 ? 2 : 4);
   return m;
+}
+
+MemoryPlan memory_plan(const Config& c, DType dtype, int64_t B, int64_t T, const Ops& ops,
+                       Use use) {
+  const ParamLayout p = make_layout(c);
+  const Needs n = needs(c, p, dtype, ops, use);
+  return plan_of(p, dtype, n, sizes(c, dtype, B, T, ops, use, n));
 }
 
 Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& ops, Use use)
@@ -253,7 +257,7 @@ Qwen3::Qwen3(const Config& cfg, DType dtype, int64_t B, int64_t T, const Ops& op
       ops_(ops) {
   const Needs need = needs(cfg, layout_, dtype, ops, use);
   const Sizes z = sizes(cfg, dtype, B, T, ops, use, need);
-  const MemoryPlan plan = memory_plan(cfg, dtype, B, T, ops, use);
+  const MemoryPlan plan = plan_of(layout_, dtype, need, z);
   unfused_ = need.unfused;
   can_fuse_ = can_fuse(ops, dtype);
   qkn_ = attn_qkn(ops, dtype);
@@ -400,12 +404,12 @@ void Qwen3::grad_done(size_t off, int64_t n) {
 static float* f32(Act a) {  // (fp32 storage: the only kind outside the bf16w products)
   return static_cast<float*>(a.p);
 }
-void Qwen3::linear_forward(Act out, Act x, size_t off, int64_t IC, int64_t OC) {
+void Qwen3::linear_forward(Act out, Act x, size_t off, int64_t IC, int64_t OC, int64_t N) {
   if (dtype_ == DType::bf16 && ops_.matmul_forward_bf16w)
-    return ops_.matmul_forward_bf16w(out, x, static_cast<const uint16_t*>(params_) + off, N_, IC,
+    return ops_.matmul_forward_bf16w(out, x, static_cast<const uint16_t*>(params_) + off, N, IC,
                                      OC);  // out rounded to bf16 by the op
-  ops_.matmul_forward(f32(out), f32(x), weight(off, IC * OC), N_, IC, OC);
-  rb(f32(out), N_ * OC);
+  ops_.matmul_forward(f32(out), f32(x), weight(off, IC * OC), N, IC, OC);
+  rb(f32(out), N * OC);
 }
 bool Qwen3::fused(size_t off) const {
   return can_fuse_ && fuse_lr_ > 0 && off != layout_.tok_emb;  // a tied head: two contributions
@@ -519,6 +523,16 @@ void Qwen3::qk_norm_rope(float* q, float* k, float* v, const LayerActs& a, const
   rb(q, N * H * D), rb(k, N * K * D);
 }
 
+void Qwen3::attention(const LayerActs& a, const float* q, const float* k, const float* v,
+                      const int32_t* doc) {
+  const Ops& o = ops_;
+  const int64_t H = cfg_.H, K = cfg_.KVH, D = cfg_.D;
+  if (dtype_ == DType::bf16 && o.attention_forward_bf16)  // att rounded by the op
+    return o.attention_forward_bf16(a.att, a.lse, q, k, v, B_, T_, H, K, D, bf16_acts_, doc);
+  o.attention_forward(a.att, a.lse, q, k, v, B_, T_, H, K, D, doc);
+  rb(a.att, N_ * H * D);
+}
+
 void Qwen3::layers_forward(Attend how) {
   const Config& c = cfg_;
   const Ops& o = ops_;
@@ -548,12 +562,7 @@ void Qwen3::layers_forward(Attend how) {
                               T_, H, K, D, c.eps, dtype_ == DType::bf16, h16, doc_);
     } else {
       qk_norm_rope(a.q, a.k, a.v, a, qkw, doc_);
-      if (dtype_ == DType::bf16 && o.attention_forward_bf16) {  // att rounded by the op
-        o.attention_forward_bf16(a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D, h16, doc_);
-      } else {
-        o.attention_forward(a.att, a.lse, a.q, a.k, a.v, B_, T_, H, K, D, doc_);
-        rb(a.att, N * H * D);
-      }
+      attention(a, a.q, a.k, a.v, doc_);
     }
     linear_forward({tmp_}, {a.att, h16}, w.wo, H * D, C);
     add_norm_forward(a.mid, a.xn2, a.rstd2, a.res, tmp_, w.ffn_norm);
@@ -591,13 +600,7 @@ void Qwen3::attend_cached(const LayerActs& a, int64_t l, const float* qkw, Atten
     float* k = reinterpret_cast<float*>(cache_at(l, 0, gen_row_, 0));
     float* v = reinterpret_cast<float*>(cache_at(l, 1, gen_row_, 0));
     qk_norm_rope(q_, k, v, a, qkw, nullptr);
-    if (rnd && o.attention_forward_bf16) {
-      o.attention_forward_bf16(a.att, a.lse, q_, k, v, 1, T_, H, K, D, h16, nullptr);
-    } else {
-      o.attention_forward(a.att, a.lse, q_, k, v, 1, T_, H, K, D, nullptr);
-      rb(a.att, N_ * H * D);
-    }
-    return;
+    return attention(a, q_, k, v, nullptr);
   }
   qk_norm_rope(q_, knew_, vnew_, a, qkw, docs_);
   const int64_t n = floats(K * D, h16);  // a row, in floats
@@ -611,15 +614,8 @@ void Qwen3::attend_cached(const LayerActs& a, int64_t l, const float* qkw, Atten
 }
 
 void Qwen3::head_logits(int64_t n0, int64_t n, float* host) {
-  const int64_t C = cfg_.C, V = cfg_.V;
-  if (dtype_ == DType::bf16 && ops_.matmul_forward_bf16w) {
-    ops_.matmul_forward_bf16w({logits_}, {xnf_ + n0 * C},
-                              static_cast<const uint16_t*>(params_) + layout_.lm_head, n, C, V);
-  } else {
-    ops_.matmul_forward(logits_, xnf_ + n0 * C, weight(layout_.lm_head, C * V), n, C, V);
-    rb(logits_, n * V);
-  }
-  if (host) ops_.download(host, logits_, size_t(n * V) * 4);
+  linear_forward({logits_}, {xnf_ + n0 * cfg_.C}, layout_.lm_head, cfg_.C, cfg_.V, n);
+  if (host) ops_.download(host, logits_, size_t(n * cfg_.V) * 4);
 }
 
 void Qwen3::prefill(int64_t row, const int32_t* tokens, int64_t n, float* logits) {

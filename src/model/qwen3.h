@@ -131,7 +131,10 @@ class Qwen3 {
   // weight to the backend's bf16 products where it has them. out and dx come back rounded to
   // bf16 in bf16 runs (by those products, else here).
   // Activations in bf16 storage only where the bf16w products run (bf16_acts_).
-  void linear_forward(Act out, Act x, size_t off, int64_t IC, int64_t OC);
+  void linear_forward(Act out, Act x, size_t off, int64_t IC, int64_t OC, int64_t N);
+  void linear_forward(Act out, Act x, size_t off, int64_t IC, int64_t OC) {
+    linear_forward(out, x, off, IC, OC, N_);  // the pass's rows
+  }
   void linear_backward(Act dx, Act dout, Act x, size_t off, int64_t IC, int64_t OC);
   // y[N, C] = a + b, and out, rstd its RMSNorm with weight `off` (rounded to bf16 in bf16 runs)
   void add_norm_forward(float* y, float* out, float* rstd, const float* a, const float* b,
@@ -155,6 +158,10 @@ class Qwen3 {
   // composition; positions as `doc` says (ops.h)
   void qk_norm_rope(float* q, float* k, float* v, const LayerActs& a, const float* qkw,
                     const int32_t* doc);
+  // attention_forward (bf16: *_bf16) over the pass's B_ sequences of T_ tokens into a.att,
+  // rounded to bf16 in bf16 runs
+  void attention(const LayerActs& a, const float* q, const float* k, const float* v,
+                 const int32_t* doc);
   void attend_cached(const LayerActs& a, int64_t l, const float* qkw, Attend how);
   // the head over rows [n0, n0 + n) of xnf_ into logits_, downloaded into host [n, V]
   void head_logits(int64_t n0, int64_t n, float* host);
