@@ -20,6 +20,7 @@
 #include "cpu/layers.h"
 #include "cpu/runtime.h"
 #include "cuda/ops.h"
+#include "dist/group.h"
 #include "data/prepare.h"
 #include "infer/commands.h"
 #include "infer/eval.h"
@@ -57,6 +58,8 @@ struct TrainArgs {
   int64_t sample_every = 0, sample_tokens = 32;
   std::vector<std::string> prompts;
   std::string resume;
+  bool shard_optimizer = false;  // data parallel (src/dist): ZeRO-1
+  double timeout = 300;          // seconds a collective waits for the other ranks
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, decay_ratio = 0.8, lr_min = 0,
          max_norm = 1.0;
   std::vector<std::string> given;
@@ -125,6 +128,8 @@ train::RunConfig to_run_config(const TrainArgs& a) {
   r.metrics = a.metrics;
   r.save_every = a.save_every, r.keep = a.keep, r.stop_after = a.stop_after, r.resume = a.resume;
   r.sample_every = a.sample_every, r.sample_tokens = a.sample_tokens, r.prompts = a.prompts;
+  r.ranks = dist::Group::world().size();
+  r.shard_optimizer = a.shard_optimizer, r.timeout = a.timeout;
   return r;
 }
 
@@ -134,14 +139,36 @@ train::RunConfig to_run_config(const TrainArgs& a) {
 void resume_into(TrainArgs& a) {
   train::RunConfig r = train::read_run_config(a.resume);
   const train::RunConfig given = to_run_config(a);
+  // Another number of ranks keeps the global batch (B x grad_accum x ranks): grad_accum
+  // scaled by the ranks' ratio, or as given where the product holds.
+  const int64_t global = r.grad_accum * r.ranks, ranks = given.ranks;
+  if (ranks != r.ranks || a.has("--grad-accum")) {
+    const int64_t accum = a.has("--grad-accum") ? given.grad_accum : global / ranks;
+    if (accum * ranks != global)
+      throw Error(a.resume + " trained on " + std::to_string(r.ranks) + " rank(s) x --grad-accum " +
+                  std::to_string(r.grad_accum) + " micro-batches a step; " +
+                  std::to_string(ranks) + " rank(s)" +
+                  (a.has("--grad-accum") ? " x --grad-accum " + std::to_string(accum) : "") +
+                  " do not make that global batch of " + std::to_string(global) +
+                  ": resume on a number of ranks that divides it (with --grad-accum " +
+                  std::to_string(global) + " / ranks)");
+    if (accum != r.grad_accum)
+      std::printf("resume: %lld rank(s) x --grad-accum %lld keep the global batch of %lld "
+                  "micro-batches (%lld rank(s) x %lld before)\n",
+                  (long long)ranks, (long long)accum, (long long)global, (long long)r.ranks,
+                  (long long)r.grad_accum);
+    r.grad_accum = accum;
+  }
+  r.ranks = ranks;
   for (const train::ConfigField& f : train::config_fields()) {
+    if (std::string(f.flag) == "--grad-accum") continue;  // above
     if (!a.has(f.flag) || f.get(given) == f.get(r)) continue;
     if (!f.resumable)
       throw Error(std::string(f.flag) + " " + f.get(given) + " is not the resumed run's (" +
                   f.get(r) + " in " + a.resume +
                   "): with --resume only --steps (more), --log-every, --metrics, --output, "
-                  "--save-every, --keep, --stop-after and --data (the same shards elsewhere) "
-                  "may be given");
+                  "--save-every, --keep, --stop-after, --data (the same shards elsewhere) and "
+                  "--grad-accum (the same global batch on other ranks) may be given");
     if (std::string(f.flag) == "--steps" && given.steps < r.steps)
       throw Error("--steps " + std::to_string(given.steps) + " is fewer than the resumed run's " +
                   std::to_string(r.steps) + ": --resume may only extend a run");
@@ -169,6 +196,11 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
     throw Error("unknown backend '" + a.backend + "' (this build has: cpu" +
                 (cuda_built() ? ", cuda)" : "; cuda needs a build with the CUDA toolkit)"));
   if (a.device < 0) throw Error("--device must be a GPU index, got " + std::to_string(a.device));
+  if (dist::Group::world().distributed() && a.data.empty())
+    throw Error("a job of several ranks trains on text (--data DIR); the walkthrough's fixed "
+                "batch runs in one process: start it without mpirun");
+  if (!std::isfinite(a.timeout) || a.timeout <= 0)
+    throw Error("--timeout must be a positive number of seconds, got " + fmt_g(a.timeout));
   const Config& c = preset(a.preset);
   parse_dtype(a.dtype);
   if (a.seq_len < 1 || a.seq_len > c.max_ctx)
@@ -195,7 +227,7 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
           "--weight-decay", "--warmup-steps", "--decay-ratio", "--decay-type",   "--lr-min",
           "--max-norm",     "--val-every",    "--val-tokens",  "--log-every",    "--metrics",
           "--save-every",   "--keep",         "--stop-after",  "--sample-every", "--prompt",
-          "--sample-tokens"})
+          "--sample-tokens", "--shard-optimizer"})
       if (a.has(f))
         throw Error(std::string(f) +
                     " is for training on text: give --data DIR (shards from "
@@ -358,7 +390,10 @@ int train_walkthrough_or_text(TrainArgs a) {
   const Config& c = preset(a.preset);
   const DType dtype = parse_dtype(a.dtype);
   bool fixed = false;
-  const int nthreads = threads_for(a.threads, &fixed);
+  int nthreads = threads_for(a.threads, &fixed);
+  // the ranks mpirun started on this machine share its CPUs
+  if (const dist::Launch l = dist::launched(); !fixed && l.local_size > 1)
+    nthreads = std::max(1, nthreads / l.local_size);
   // Without a given count, a CPU run sheds threads while other processes hold cores
   // (cpu/runtime.h): a thread kept off its core stalls every barrier of the step.
   std::optional<cpu::ThreadGovernor> governor;
@@ -582,6 +617,7 @@ int main(int argc, char** argv) {
   using namespace tq;
   std::signal(SIGXFSZ, SIG_IGN);  // a file-size limit then fails the write with a message
   remove_temporaries_on_signals();
+  dist::Group* job = nullptr;  // a train job of several ranks (mpirun)
   CLI::App app{
       "tiny-qwen3: train TorchTitan's Qwen3 in C++; tokenize text into shards; check, import and "
       "export its weights"};
@@ -664,6 +700,10 @@ int main(int argc, char** argv) {
   tr->add_option("--resume", a.resume,
                  "continue the run of this checkpoint (its configuration; --steps may grow)")
       ->check(kPath);
+  tr->add_flag("--shard-optimizer", a.shard_optimizer,
+              "under mpirun: each rank keeps 1/N of the master weights and AdamW state (ZeRO-1)");
+  tr->add_option("--timeout", a.timeout,
+                 "under mpirun: seconds a rank waits for the others before ending the job (300)");
   tr->add_option("--dump-first-step", a.dump_first_step,
                  "also save initial params, first-step grads and loss (.pt) for parity tests")
       ->check(kPath);
@@ -867,6 +907,14 @@ int main(int argc, char** argv) {
       a.preset_given = preset_opt->count() > 0;
       for (const CLI::Option* o : tr->get_options())
         if (o->count() > 0) a.given.push_back(o->get_name());
+      // a job of several ranks: rank 0 prints (the others' errors still reach stderr), and
+      // each rank takes the GPU of its place on its machine unless --device says
+      if (dist::Group& g = dist::Group::world(); g.distributed()) {
+        job = &g;
+        if (g.rank() != 0 && !std::freopen("/dev/null", "w", stdout))
+          throw Error("cannot quiet rank " + std::to_string(g.rank()) + "'s output");
+        if (!a.has("--device")) a.device = dist::launched().local_rank;
+      }
       const bool text = !a.data.empty() || !a.resume.empty();
       if (a.optimizer.empty()) a.optimizer = text ? "adamw" : "sgd";
       if (a.attention.empty()) a.attention = text ? "block-causal" : "causal";
@@ -899,10 +947,16 @@ int main(int argc, char** argv) {
     return check(ca);
   } catch (const Error& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
+    if (!job) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 2;
+    }
+    // the other ranks would wait for this one in their next collective: end the job now
+    std::fprintf(stderr, "error: rank %d: %s\n", job->rank(), e.what());
+    job->abort(2);
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "error: out of memory\n");
+    if (job) job->abort(2);
     return 2;
   }
 }

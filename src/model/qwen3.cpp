@@ -352,11 +352,12 @@ void Qwen3::get_grads(float* host) const {
   download_arena(ops_, host, grads_, 0, layout_.total, dtype_);
 }
 
-void Qwen3::grads_into(float* dst) const {
+void Qwen3::grads_into(float* dst, size_t off, size_t n) const {
   if (!trains(use_)) throw Error("grads_into: this model was built for forward passes only");
   if (compact_grads_) throw Error("grads_into: this model keeps gradients only for the fused step");
-  if (dtype_ == DType::f32) return ops_.copy(dst, static_cast<const float*>(grads_), layout_.total);
-  ops_.bf16_to_f32(dst, static_cast<const uint16_t*>(grads_), int64_t(layout_.total));
+  if (dtype_ == DType::f32)
+    return ops_.copy(dst + off, static_cast<const float*>(grads_) + off, int64_t(n));
+  ops_.bf16_to_f32(dst + off, static_cast<const uint16_t*>(grads_) + off, int64_t(n));
 }
 
 void Qwen3::copy_params(const Qwen3& from) {
@@ -685,6 +686,9 @@ void Qwen3::backward_pass() {
   linear_backward({dxn_}, {logits_}, {xnf_}, head, C, c.V);
   o.rmsnorm_backward(dres_, grad(fnorm, C), dxn_, res_final_, rstdf_, weight(fnorm, C), N, C);
   grad_done(fnorm, C);
+  // [norm, total) is final: the final norm's and an untied head's gradients (a tied head's is
+  // the embedding's, at 0, final last)
+  if (ready_) ready_(fnorm);
   rb(dres_, N * C);
   for (int64_t l = c.L - 1; l >= 0; --l) {
     const ParamLayout::Layer& w = layout_.layers[l];
@@ -735,6 +739,7 @@ void Qwen3::backward_pass() {
     grad_done(w.q_norm, 2 * D);
     linear_backward({dxn_}, {qkv_, h16}, {a.xn1}, w.wqkv, C, QKV);
     norm_backward_add(w.attn_norm, dxn_, a.res, a.rstd1);  // dres is now d(res of layer l)
+    if (ready_) ready_(w.wqkv);  // the layer's parameters start at wqkv
   }
   if (dtype_ == DType::bf16 && o.embedding_backward_bf16) {
     o.embedding_backward_bf16(static_cast<uint16_t*>(grads_) + gslot(layout_.tok_emb, c.V * C),
@@ -743,6 +748,7 @@ void Qwen3::backward_pass() {
     o.embedding_backward(grad(layout_.tok_emb, c.V * C), dres_, tokens_, N, C);
     grad_done(layout_.tok_emb, c.V * C);
   }
+  if (ready_) ready_(0);
 }
 
 void Qwen3::sgd_update(float lr) {

@@ -4,6 +4,7 @@
 // allocated in the constructor, so memory use is known before step 0.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/common.h"
@@ -81,7 +82,13 @@ class Qwen3 {
   // The same within the backend, for an optimizer that runs there (train/): the gradient
   // arena into fp32 dst (widened where bf16), and the parameter arena itself (fp32 or bf16 as
   // the dtype), which such an optimizer writes.
-  void grads_into(float* dst) const;
+  void grads_into(float* dst) const { grads_into(dst, 0, layout_.total); }
+  void grads_into(float* dst, size_t off, size_t n) const;  // elements [off, off+n) of both
+  // Called by backward() as gradients become final, with `from` such that all of [from,
+  // total) are (the final norm's and the head's first, then each layer's, last to first, then
+  // the embedding's: from = 0): a data-parallel run starts their all-reduce while the rest of
+  // the backward runs. Null: none.
+  void on_grads_ready(std::function<void(size_t from)> f) { ready_ = std::move(f); }
   void* params_arena() { return params_; }
   // This model's parameters := those of `from` (the same config and dtype), within the backend.
   void copy_params(const Qwen3& from);
@@ -144,6 +151,7 @@ class Qwen3 {
   void norm_backward_add(size_t off, const float* g, const float* x, const float* rstd);
   bool fused(size_t off) const;  // takes its SGD step in linear_backward (fuse_lr_ > 0)
   float fuse_lr_ = 0;
+  std::function<void(size_t)> ready_;  // on_grads_ready's
   std::vector<std::pair<size_t, size_t>> unfused_;  // [offset, count) left to sgd_update
   struct LayerActs {
     float *res, *xn1, *rstd1, *qkv, *v, *qrstd, *krstd, *q, *k, *att, *lse, *mid, *xn2, *rstd2, *ab,

@@ -227,6 +227,9 @@ void save_run(const std::string& path, const Config& c, const RunConfig& rc,
                                                : v_float(real_of(s));
     dict_set(*run, key_of(f.flag), v);
   }
+  // the job's ranks (not a flag: mpirun's -np): with grad_accum, the global batch a resume
+  // keeps
+  dict_set(*run, "ranks", v_int(rc.ranks));
   dict_set(*root, "run", run);
   w.save(path, *root);
 }
@@ -255,6 +258,12 @@ RunConfig read_run_config(const std::string& path, RunShards* shards) {
     } catch (const std::exception& e) {
       throw Error(path + ": run." + key + ": " + e.what());
     }
+  }
+  // (a checkpoint of one process may predate the key)
+  if (const Value* ranks = run->get("ranks")) {
+    if (ranks->kind != Value::Int || ranks->i < 1 || ranks->i > (1 << 24))
+      throw Error(path + ": run.ranks is not a number of ranks");
+    rc.ranks = ranks->i;
   }
   rc.resume = path;
   if (shards) {

@@ -108,6 +108,10 @@ void BatchLoader::seek(uint64_t epoch, uint64_t position) {
 
 void BatchLoader::next(Batch& b) {
   load(window_at(epoch_, pos_), b);
+  skip();
+}
+
+void BatchLoader::skip() {
   if (++pos_ == windows_) pos_ = 0, ++epoch_;
 }
 

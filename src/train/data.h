@@ -49,6 +49,7 @@ class BatchLoader {
   BatchLoader(const TokenStream& s, int64_t B, int64_t T, DataOrder order, uint64_t seed);
   uint64_t windows() const { return windows_; }  // per epoch
   void next(Batch& b);                           // the next window, then advance
+  void skip();                                   // advance past the next window unread
   uint64_t epoch() const { return epoch_; }
   uint64_t position() const { return pos_; }     // windows taken in this epoch
   void seek(uint64_t epoch, uint64_t position);  // continue there (a resumed run); Error if past

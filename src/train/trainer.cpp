@@ -16,6 +16,7 @@
 
 #include "cpu/runtime.h"
 #include "data/shard.h"
+#include "dist/group.h"
 #include "infer/generate.h"
 #include "io/checkpoint.h"
 #include "io/model_file.h"
@@ -28,9 +29,13 @@
 namespace tq::train {
 
 size_t optimizer_bytes(const RunConfig& rc, size_t params) {
-  // master, accumulated gradient, a micro-batch's gradient (with accumulation); AdamW's m, v
-  return params * sizeof(float) *
-         (2 + (rc.grad_accum > 1) + (rc.optimizer == OptimizerKind::adamw ? 2 : 0));
+  // master, AdamW's m, v (a rank's share where sharded); the accumulated gradient, a
+  // micro-batch's gradient (with accumulation)
+  const size_t shard = rc.shard_optimizer && rc.ranks > 1
+                           ? dist::split_ranges(params, int(rc.ranks))[1]
+                           : params;
+  return sizeof(float) * (shard * (1 + (rc.optimizer == OptimizerKind::adamw ? 2 : 0)) +
+                          params * (1 + (rc.grad_accum > 1)));
 }
 
 namespace {
@@ -142,28 +147,90 @@ struct Validator {
                   std::to_string(s.size()) +
                   " tokens holds no whole batch (B*T = " + std::to_string(per) + ")");
   }
-  double loss(Qwen3& model) const {
+  // Ranks take windows j = rank, rank + size, ...; their losses are summed in window order on
+  // every rank (the bits of one process's sum).
+  double loss(Qwen3& model, dist::Group& g) const {
     std::vector<int32_t> buf(size_t(B * T) + 1);
     Batch b;
     b.B = B, b.T = T;
-    double sum = 0;
-    for (uint64_t j = 0; j < windows; ++j) {
+    const size_t N = size_t(g.size());
+    std::vector<double> mine(windows, 0.0), all(windows * N);
+    for (uint64_t j = uint64_t(g.rank()); j < windows; j += N) {
       s.read(j * uint64_t(B * T), buf.size(), buf.data());
       b.tokens.assign(buf.begin(), buf.end() - 1);
       b.targets.assign(buf.begin() + 1, buf.end());
       if (eos >= 0) mark_documents(b, eos);
-      sum += model.forward(b);
+      mine[j] = model.forward(b);
     }
+    g.allgather(mine.data(), all.data(), windows * sizeof(double), "the validation losses");
+    double sum = 0;
+    for (uint64_t j = 0; j < windows; ++j) sum += all[(j % N) * windows + j];
     return sum / double(windows);
   }
 };
+
+// A data-parallel step's gradient buckets: PyTorch DDP's default bucket_cap_mb (25 MiB).
+constexpr size_t kBucketBytes = size_t(25) << 20;
+
+// Every rank's run configuration against rank 0's (each flag's value as checkpoints record
+// it, and what the job adds): Error on a rank whose configuration differs, naming the first
+// flag, and on every other rank, naming that rank.
+void check_same_config(dist::Group& g, const RunConfig& rc, const Ops& ops) {
+  std::vector<std::pair<std::string, std::string>> mine;
+  for (const ConfigField& f : config_fields()) mine.emplace_back(f.flag, f.get(rc));
+  mine.emplace_back("--resume", rc.resume);
+  mine.emplace_back("--shard-optimizer", rc.shard_optimizer ? "on" : "off");
+  mine.emplace_back("--backend", ops.name);
+  std::string text;
+  for (const auto& [flag, value] : mine) text += flag + " " + value + "\n";
+  uint64_t len = text.size();
+  g.broadcast(&len, sizeof len, 0, "the configuration check");
+  std::string root = g.rank() == 0 ? text : std::string(len, '\0');
+  g.broadcast(root.data(), len, 0, "the configuration check");
+  std::string differs;
+  if (root != text) {
+    size_t at = 0;
+    for (const auto& [flag, value] : mine) {
+      const size_t end = root.find('\n', at);
+      const std::string line = root.substr(at, end == root.npos ? root.npos : end - at);
+      if (line != flag + " " + value) {
+        const std::string theirs = line.compare(0, flag.size() + 1, flag + " ") == 0
+                                       ? line.substr(flag.size() + 1)
+                                       : "(" + line + ")";
+        differs = flag + " " + (value.empty() ? "''" : value) + " is not rank 0's " +
+                  (theirs.empty() ? "''" : theirs);
+        break;
+      }
+      at = end == root.npos ? root.size() : end + 1;
+    }
+    if (differs.empty()) differs = "the configuration is not rank 0's";
+  }
+  const int32_t bad = !differs.empty();
+  std::vector<int32_t> all(size_t(g.size()));
+  g.allgather(&bad, all.data(), sizeof bad, "the configuration check");
+  if (bad)
+    throw Error(differs + ": every rank of a job must be given the same train flags");
+  for (int r = 0; r < g.size(); ++r)
+    if (all[size_t(r)])
+      throw Error("rank " + std::to_string(r) +
+                  " was given other train flags than rank 0 (its line says which)");
+}
 
 }  // namespace
 
 int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& init,
         cpu::ThreadGovernor* governor) {
   const Config& c = preset(rc.preset);
-  if (output_is_folder(rc.output) && mkdir(rc.output.c_str(), 0777) != 0 && errno != EEXIST)
+  dist::Group& g = dist::Group::world();
+  const int R = g.rank(), N = g.size();
+  if (rc.ranks != N)
+    throw Error("the run is configured for " + std::to_string(rc.ranks) + " ranks, the job has " +
+                std::to_string(N));
+  g.set_timeout(rc.timeout);
+  g.set_signal_flag(&g_signal);
+  if (g.distributed()) check_same_config(g, rc, ops);
+  if (R == 0 && output_is_folder(rc.output) && mkdir(rc.output.c_str(), 0777) != 0 &&
+      errno != EEXIST)
     throw Error("--output " + rc.output + ": cannot create the folder (" + std::strerror(errno) +
                 ")");
   const data::ShardMeta meta = read_shards_for(rc.data, c);
@@ -202,19 +269,45 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
         "%lld (%s) to %g; max norm %g; grad accum %lld\n",
         rc.lr, (long long)sched.warmup, (long long)sched.stable, (long long)sched.decay,
         decay_type_name(sched.type), rc.lr_min, rc.max_norm, (long long)rc.grad_accum);
-  std::fflush(stdout);
 
   Qwen3 model(c, rc.dtype, rc.B, rc.T, ops);
   const ParamLayout& layout = model.layout();
   const size_t n = layout.total;
+  // ZeRO-1: this rank keeps and steps the master weights and moments of parameters [lo, hi)
+  // (all of them unsharded), then the ranks' parameters are gathered
+  const bool shard = rc.shard_optimizer && N > 1;
+  const std::vector<size_t> own = shard ? dist::split_ranges(n, N) : std::vector<size_t>{0, n};
+  const size_t lo = shard ? own[size_t(R)] : 0, hi = shard ? own[size_t(R) + 1] : n, ns = hi - lo;
+  if (g.distributed()) {
+    std::printf("data parallel: %d ranks x %lld micro-batch(es) of %lld x %lld a step", N,
+                (long long)rc.grad_accum, (long long)rc.B, (long long)rc.T);
+    if (shard)
+      std::printf(", optimizer sharded (ZeRO-1): %.1f MiB of master weights and moments a rank",
+                  double(ns) * sizeof(float) * (rc.optimizer == OptimizerKind::adamw ? 3 : 1) /
+                      (1 << 20));
+    std::printf("\n");
+  }
+  std::fflush(stdout);
   // the optimizer's arenas, in the backend's memory (optimizer_bytes)
   const bool adamw = rc.optimizer == OptimizerKind::adamw;
-  const BackendArray master(ops, n), gacc(ops, n), grad(ops, rc.grad_accum > 1 ? n : 0),
-      m(ops, adamw ? n : 0), v(ops, adamw ? n : 0);
-  const ParamSink to_master = master.sink();
+  const BackendArray master(ops, ns), gacc(ops, n), grad(ops, rc.grad_accum > 1 ? n : 0),
+      m(ops, adamw ? ns : 0), v(ops, adamw ? ns : 0);
+  // A sink into an arena of this rank's range [lo, hi): the part of [off, off + k) in it.
+  const auto own_sink = [&](const BackendArray& a) -> ParamSink {
+    return [&a, lo, hi, &ops](size_t off, const float* x, size_t k) {
+      const size_t b = std::max(off, lo), e = std::min(off + k, hi);
+      if (b < e) ops.upload(a.p + (b - lo), x + (b - off), (e - b) * sizeof(float));
+    };
+  };
+  // the weights go to the model (a bf16 run's: rounded) and this rank's master weights
+  const ParamSink to_master = [&, own_master = own_sink(master)](size_t off, const float* x,
+                                                                  size_t k) {
+    model.set_params(x, off, k);
+    own_master(off, x, k);
+  };
   TrainState st;
   if (!rc.resume.empty()) {
-    st = load_run(rc.resume, c, rc, meta, to_master, m.sink(), v.sink());
+    st = load_run(rc.resume, c, rc, meta, to_master, own_sink(m), own_sink(v));
     loader.seek(st.epoch, st.position);
     std::printf("resume: %s after step %lld of %lld (epoch %llu, window %llu of %llu)\n",
                 rc.resume.c_str(), (long long)st.step, (long long)rc.steps,
@@ -226,22 +319,16 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
   } else {
     init_params(to_master, c, layout, uint64_t(rc.seed));
   }
-  {  // the model's copy (a bf16 run's: rounded), by pieces; then the steps write it
-    std::vector<float> piece(std::min(n, kLoadPiece));
-    for (size_t off = 0, k; off < n; off += k) {
-      k = std::min(n - off, piece.size());
-      master.reader()(off, k, piece.data());
-      model.set_params(piece.data(), off, k);
-    }
-  }
+  std::unique_ptr<dist::ArrayComm> comm;
+  if (g.distributed()) comm = dist::array_comm(g, ops);
 
-  // Samples (--prompt): a generation model beside the training one, given its weights at each
-  // sample; built now, so that its memory is known before step 0. It reads nothing the steps
-  // use, so a run's results are the same with samples or without.
+  // Samples (--prompt), on rank 0: a generation model beside the training one, given its
+  // weights at each sample; built now, so that its memory is known before step 0. It reads
+  // nothing the steps use, so a run's results are the same with samples or without.
   std::optional<text::Tokenizer> tok;
   std::vector<std::vector<int32_t>> prompts;
   std::unique_ptr<Qwen3> sampler;
-  if (!rc.prompts.empty()) {
+  if (!rc.prompts.empty() && R == 0) {
     tok.emplace(text::Tokenizer::load(meta.tokenizer_path));
     for (const std::string& p : rc.prompts) {
       const std::vector<uint32_t> ids = tok->encode(p);
@@ -279,25 +366,74 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
     std::fflush(stdout);
   };
 
-  MetricsLog log(rc.metrics, st.step);
+  MetricsLog log(R == 0 ? rc.metrics : std::string(), st.step);
   TrainRecord rec;
   rec.seq_len = rc.T, rec.seed = rc.seed, rec.learning_rate = rc.lr, rec.init_from = rc.init_from;
   rec.steps = st.step, rec.losses = st.losses;
-  // A checkpoint of the state after st.step steps (the record's final_loss: the fixed batch's,
-  // what `check` recomputes; its forward leaves nothing the next step reads).
+  // A checkpoint of the state after st.step steps, written by rank 0 (the record's final_loss:
+  // the fixed batch's, what `check` recomputes; its forward leaves nothing the next step
+  // reads). Sharded, every rank sends its part of the optimizer's arenas to rank 0 first.
   const auto save = [&](const std::string& path) {
+    OptimizerArenas arenas{master.reader(), m.reader(), v.reader()};
+    std::vector<float> all[3];
+    if (shard) {
+      const BackendArray* parts[3] = {&master, &m, &v};
+      std::vector<float> mine(ns);
+      for (int i = 0; i < (adamw ? 3 : 1); ++i) {
+        ops.download(mine.data(), parts[i]->p, ns * sizeof(float));
+        if (R == 0) all[i].resize(n);
+        g.gather_ranges(mine.data(), all[i].data(), own, 0, "the checkpoint's gather to rank 0");
+      }
+      const auto host = [](const std::vector<float>& a) -> ParamReader {
+        return [&a](size_t off, size_t k, float* out) {
+          std::copy(a.begin() + ptrdiff_t(off), a.begin() + ptrdiff_t(off + k), out);
+        };
+      };
+      arenas = {host(all[0]), host(all[1]), host(all[2])};
+    }
+    if (R != 0) return;
     rec.initial_loss = rec.losses.empty() ? NAN : rec.losses.front();
     rec.final_loss = model.forward(fixed_batch(rc.B, rc.T, c.V));
-    save_run(path, c, rc, meta, {master.reader(), m.reader(), v.reader()}, st, rec);
+    save_run(path, c, rc, meta, arenas, st, rec);
     if (output_is_folder(rc.output)) tidy_checkpoints(rc.output, rc.keep);
   };
+
+  // The last micro-batch's backward hands each final gradient range to the all-reduce: copied
+  // (added, with accumulation) into gacc, and sent in buckets of about kBucketBytes while the
+  // layers below are still in their backward.
+  size_t collected = n, sent = n;  // gacc [collected, n) is final, [sent, n) is being reduced
+  int64_t micro = 0;               // the micro-batch in the step
+  const auto collect = [&](size_t from) {
+    const size_t k = collected - from;
+    if (micro == 0) {
+      model.grads_into(gacc.p, from, k);
+    } else {
+      model.grads_into(grad.p, from, k);
+      ops.add_inplace(gacc.p + from, grad.p + from, int64_t(k));
+    }
+    collected = from;
+  };
+  if (comm)
+    model.on_grads_ready([&](size_t from) {
+      if (micro + 1 < rc.grad_accum) return;  // not the step's last micro-batch
+      collect(from);
+      if ((sent - from) * sizeof(float) >= kBucketBytes || from == 0) {
+        comm->start_allreduce(gacc.p + from, sent - from);
+        sent = from;
+      }
+      comm->progress();
+    });
+  // the parameters' byte ranges each rank steps (ZeRO-1's gather)
+  std::vector<size_t> own_bytes(own.size());
+  for (size_t i = 0; i < own.size(); ++i) own_bytes[i] = own[i] * dtype_size(rc.dtype);
+
   std::string failure;
   uint64_t tokens = st.tokens;
-  const uint64_t per_step = uint64_t(rc.B * rc.T * rc.grad_accum);
+  const uint64_t per_step = uint64_t(rc.B * rc.T * rc.grad_accum * N);
   Batch batch;
   // On a terminal, a progress line with the time left (stderr, redrawn in place; cleared
   // before each line the run prints).
-  const bool tty = isatty(2) == 1;
+  const bool tty = R == 0 && isatty(2) == 1;
   const auto clear_progress = [&] {
     if (tty) std::fputs("\r\033[K", stderr);
   };
@@ -309,17 +445,40 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = rc.lr * sched.factor(s);
     double loss = 0;
-    for (int64_t k = 0; k < rc.grad_accum; ++k) {
-      loader.next(batch);
+    sent = n;
+    for (micro = 0; micro < rc.grad_accum; ++micro) {
+      // the global batch's micro-batches micro * N + r are rank r's (one process: all)
+      for (int r = 0; r < N; ++r)
+        if (r == R)
+          loader.next(batch);
+        else
+          loader.skip();
       if (eos >= 0) mark_documents(batch, eos);
       loss += model.forward(batch);
-      model.backward();
-      model.grads_into(k == 0 ? gacc.p : grad.p);
-      if (k > 0) ops.add_inplace(gacc.p, grad.p, int64_t(n));
+      collected = n;
+      model.backward();  // (a data-parallel step's last: collected and sent by on_grads_ready)
+      if (!comm || micro + 1 < rc.grad_accum) collect(0);
     }
-    // the mean over all grad_accum * B * T tokens, as TorchTitan's rescaled loss gives it
-    loss /= double(rc.grad_accum);
-    const float mean = rc.grad_accum > 1 ? float(1.0 / double(rc.grad_accum)) : 1.f;
+    --micro;
+    // The step's agreement: every rank's loss and caught signal, summed in rank order
+    struct Share {
+      double loss;
+      int32_t signal, pad;
+    } mine{loss, int32_t(signals.caught()), 0};
+    std::vector<Share> shares(static_cast<size_t>(N));
+    if (comm) {
+      g.allgather(&mine, shares.data(), sizeof(Share), "the step's losses");
+      comm->wait("the gradient all-reduce");
+    } else {
+      shares[0] = mine;
+    }
+    loss = 0;
+    int sig = 0;
+    for (const Share& sh : shares) loss += sh.loss, sig = sig ? sig : sh.signal;
+    // the mean over all ranks * grad_accum * B * T tokens, as TorchTitan's rescaled loss gives it
+    const int64_t parts = rc.grad_accum * N;
+    loss /= double(parts);
+    const float mean = parts > 1 ? float(1.0 / double(parts)) : 1.f;
     const double norm = std::sqrt(ops.scale_sum_squares(gacc.p, int64_t(n), mean));
     tokens += per_step;
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
@@ -330,9 +489,14 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
     }
     // torch.nn.utils.clip_grad_norm_: the coefficient clamped to 1
     const float clip = rc.max_norm > 0 ? float(std::min(1.0, rc.max_norm / (norm + 1e-6))) : 1.f;
-    ops.optimizer_step(master.p, m.p, v.p, gacc.p, int64_t(n),
+    ops.optimizer_step(master.p, m.p, v.p, gacc.p + lo, int64_t(ns),
                        optimizer_scalars(rc.optimizer, lr, rc.adamw, s + 1, clip),
-                       model.params_arena(), rc.dtype == DType::bf16);
+                       static_cast<char*>(model.params_arena()) + lo * dtype_size(rc.dtype),
+                       rc.dtype == DType::bf16);
+    if (shard) {
+      comm->start_allgather(model.params_arena(), own_bytes);
+      comm->wait("the parameters' all-gather");
+    }
     ops.sync();
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -354,7 +518,7 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
                    std::fmod(left, 60.0));
     }
     if (validator && ((s + 1) % rc.val_every == 0 || s + 1 == rc.steps)) {
-      const double vl = validator->loss(model);
+      const double vl = validator->loss(model, g);
       clear_progress();
       const uint64_t vt = validator->windows * uint64_t(rc.B * rc.T);
       std::printf("validation at step %lld: loss %.6f over %llu tokens\n", (long long)(s + 1), vl,
@@ -369,7 +533,6 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
     if (governor) governor->after_step();
     st.step = s + 1, st.epoch = loader.epoch(), st.position = loader.position();
     st.tokens = tokens;
-    const int sig = signals.caught();
     const bool stop = sig != 0 || s + 1 == rc.stop_after;
     if (s + 1 == rc.steps) break;
     if (stop || (rc.save_every > 0 && (s + 1) % rc.save_every == 0)) {

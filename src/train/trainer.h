@@ -33,6 +33,13 @@ struct RunConfig {
   DataOrder order = DataOrder::sequential;
   AttentionMask attention = AttentionMask::causal;  // block-causal: documents end at meta's eos
   int64_t grad_accum = 1;
+  // data parallel (docs/distributed.md): the job's ranks (mpirun's processes), each taking
+  // grad_accum micro-batches of B a step, so the global batch is B * grad_accum * ranks; with
+  // shard_optimizer each rank keeps 1/ranks of the master weights and AdamW's moments (ZeRO-1);
+  // timeout: the seconds a collective waits for the other ranks
+  int64_t ranks = 1;
+  bool shard_optimizer = false;
+  double timeout = 300;
   // optimizer and schedule
   OptimizerKind optimizer = OptimizerKind::adamw;
   double lr = 8e-4;
@@ -64,7 +71,8 @@ std::string checkpoint_path(const std::string& output, int64_t step);
 
 // The bytes the optimizer holds besides the model's arenas, in the backend's memory: fp32
 // master weights, the accumulated gradient, a micro-batch's gradient (with --grad-accum above
-// 1), and AdamW's two moments.
+// 1), and AdamW's two moments; with shard_optimizer, this rank's share of the master weights
+// and moments.
 size_t optimizer_bytes(const RunConfig& rc, size_t params);
 
 // The end every training run shares: the thread summary, the checkpoint written by save (to

@@ -1,0 +1,213 @@
+// The process group over OpenMPI (builds with libopenmpi-dev). Only non-blocking MPI calls,
+// finished by wait_requests, which polls them against the deadline: a blocking MPI call would
+// wait forever on a rank that died without mpirun noticing (a hung machine, a lost link).
+// the C API only (OpenMPI's and MPICH's mpi.h also pull in the deprecated C++ bindings)
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "core/common.h"
+#include "dist/group.h"
+
+namespace tq::dist {
+
+bool mpi_built() {
+  return true;
+}
+
+Group& Group::world() {
+  // a static (not leaked): its destructor calls MPI_Finalize at exit, which mpirun expects
+  static Group w;
+  static Group* g = [] {
+    const Launch l = launched();
+    if (l.size > 1) {
+      int provided = 0;
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        throw Error("MPI_Init_thread failed: is this process started by OpenMPI's mpirun?");
+      // errors come back as codes (the default ends the job without a word of ours)
+      MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+      MPI_Comm_rank(MPI_COMM_WORLD, &w.rank_);
+      MPI_Comm_size(MPI_COMM_WORLD, &w.size_);
+      w.mpi_ = true;
+    }
+    return &w;
+  }();
+  return *g;
+}
+
+Group::~Group() {
+  if (mpi_) MPI_Finalize();
+}
+
+void Group::abort(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (mpi_) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+bool Group::test_requests(void* requests, int n) {
+  int done = 0;
+  if (MPI_Testall(n, static_cast<MPI_Request*>(requests), &done, MPI_STATUSES_IGNORE) !=
+      MPI_SUCCESS) {
+    std::fprintf(stderr, "error: rank %d: an MPI collective failed (a rank has ended?)\n", rank_);
+    abort(1);
+  }
+  return done != 0;
+}
+
+void Group::wait_requests(void* requests, int n, const char* what) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto signalled = clock::time_point::max();
+  // Polled, not MPI_Waitall, to watch the deadline and signals. Each test moves the
+  // transfer on (shared memory goes in fragments, one per test), so a wait first polls back
+  // to back, yielding the core where another process wants it; after a second it sleeps
+  // between tests (a rank that is late or gone).
+  for (;;) {
+    if (test_requests(requests, n)) return;
+    const auto now = clock::now();
+    if (signal_ && (*signal_ == SIGTERM || *signal_ == SIGINT) &&
+        signalled == clock::time_point::max())
+      signalled = now;
+    if (now - signalled > std::chrono::seconds(5)) {
+      const int sig = *signal_;
+      std::fprintf(stderr,
+                   "error: rank %d: ended by %s while waiting for the other ranks (%s): a rank "
+                   "has stopped, and mpirun ends the job; the last checkpoint stays loadable\n",
+                   rank_, strsignal(sig), what);
+      std::fflush(stderr);
+      std::_Exit(128 + sig);
+    }
+    const double waited = std::chrono::duration<double>(now - t0).count();
+    if (waited > timeout_) {
+      std::fprintf(stderr,
+                   "error: rank %d: no answer from the other ranks in %g s (%s): a rank died or "
+                   "hangs, so the job ends (--timeout sets the wait); the last checkpoint stays "
+                   "loadable\n",
+                   rank_, timeout_, what);
+      abort(1);
+    }
+    if (waited < 1)
+      sched_yield();
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void Group::broadcast(void* p, size_t bytes, int root, const char* what) {
+  if (!mpi_) return;
+  for (size_t at = 0; at < bytes; at += INT_MAX / 2) {
+    MPI_Request r;
+    MPI_Ibcast(static_cast<char*>(p) + at, int(std::min<size_t>(bytes - at, INT_MAX / 2)), MPI_BYTE,
+               root, MPI_COMM_WORLD, &r);
+    wait_requests(&r, 1, what);
+  }
+}
+
+void Group::allgather(const void* in, void* out, size_t bytes, const char* what) {
+  if (!mpi_) {
+    std::memcpy(out, in, bytes);
+    return;
+  }
+  if (bytes > size_t(INT_MAX)) throw Error("allgather of more than 2 GiB a rank");
+  MPI_Request r;
+  MPI_Iallgather(in, int(bytes), MPI_BYTE, out, int(bytes), MPI_BYTE, MPI_COMM_WORLD, &r);
+  wait_requests(&r, 1, what);
+}
+
+void Group::gather_ranges(const float* mine, float* all, const std::vector<size_t>& off, int root,
+                          const char* what) {
+  const size_t lo = off[size_t(rank_)], hi = off[size_t(rank_) + 1];
+  if (!mpi_) {
+    std::memcpy(all + lo, mine, (hi - lo) * sizeof(float));
+    return;
+  }
+  // point to point, in rounds of at most 2^28 floats a rank (MPI's counts are ints)
+  constexpr size_t kRound = size_t(1) << 28;
+  size_t most = 0;
+  for (int r = 0; r < size_; ++r) most = std::max(most, off[size_t(r) + 1] - off[size_t(r)]);
+  const auto count = [&](int r, size_t at) {
+    const size_t n = off[size_t(r) + 1] - off[size_t(r)];
+    return int(n > at ? std::min(kRound, n - at) : 0);
+  };
+  for (size_t at = 0; at < most; at += kRound) {
+    std::vector<MPI_Request> rq;
+    if (rank_ == root) {
+      for (int r = 0; r < size_; ++r) {
+        if (const int k = count(r, at); k && r != root) {
+          rq.emplace_back();
+          MPI_Irecv(all + off[size_t(r)] + at, k, MPI_FLOAT, r, 7, MPI_COMM_WORLD, &rq.back());
+        } else if (k) {
+          std::memcpy(all + lo + at, mine + at, size_t(k) * sizeof(float));
+        }
+      }
+    } else if (const int k = count(rank_, at)) {
+      rq.emplace_back();
+      MPI_Isend(mine + at, k, MPI_FLOAT, root, 7, MPI_COMM_WORLD, &rq.back());
+    }
+    if (!rq.empty()) wait_requests(rq.data(), int(rq.size()), what);
+  }
+}
+
+namespace {
+
+// Host arrays (the CPU backend): MPI_Iallreduce and MPI_Iallgatherv, in pieces whose counts
+// fit MPI's ints.
+class MpiArrays final : public ArrayComm {
+ public:
+  explicit MpiArrays(Group& g) : g_(g) {}
+  void start_allreduce(float* p, size_t n) override {
+    constexpr size_t kPiece = size_t(1) << 30;
+    for (size_t at = 0; at < n; at += kPiece) {
+      rq_.emplace_back();
+      MPI_Iallreduce(MPI_IN_PLACE, p + at, int(std::min(kPiece, n - at)), MPI_FLOAT, MPI_SUM,
+                     MPI_COMM_WORLD, &rq_.back());
+    }
+  }
+  void start_allgather(void* p, const std::vector<size_t>& off) override {
+    const int size = g_.size();
+    size_t most = 0;
+    for (int r = 0; r < size; ++r) most = std::max(most, off[size_t(r) + 1] - off[size_t(r)]);
+    // one broadcast from each rank of its range (MPI_Iallgatherv's displacements are ints),
+    // in rounds of at most 2^30 bytes
+    constexpr size_t kRound = size_t(1) << 30;
+    char* base = static_cast<char*>(p);
+    for (size_t at = 0; at < most; at += kRound)
+      for (int r = 0; r < size; ++r) {
+        const size_t n = off[size_t(r) + 1] - off[size_t(r)];
+        if (n <= at) continue;
+        rq_.emplace_back();
+        MPI_Ibcast(base + off[size_t(r)] + at, int(std::min(kRound, n - at)), MPI_BYTE, r,
+                   MPI_COMM_WORLD, &rq_.back());
+      }
+  }
+  void progress() override {
+    if (!rq_.empty() && g_.test_requests(rq_.data(), int(rq_.size()))) rq_.clear();
+  }
+  void wait(const char* what) override {
+    if (!rq_.empty()) g_.wait_requests(rq_.data(), int(rq_.size()), what);
+    rq_.clear();
+  }
+
+ private:
+  Group& g_;
+  std::vector<MPI_Request> rq_;
+};
+
+}  // namespace
+
+std::unique_ptr<ArrayComm> host_array_comm(Group& g) {
+  return std::make_unique<MpiArrays>(g);
+}
+
+}  // namespace tq::dist
