@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The device check, one command on a GPU machine (CUDA 13, PyTorch 2.x, no network), within
 # 5 minutes: the CUDA tests, the CUDA backend against the CPU backend and against PyTorch on
-# the same GPU, and a benchmark against PyTorch eager and torch.compile; one table at the end.
+# the same GPU, data-parallel training on 2 GPUs where there are 2 (NCCL, under mpirun), and a
+# benchmark against PyTorch eager and torch.compile; one table at the end.
 # usage: bench/gpu_check.sh [BUILD]
 #   BUILD: a build folder with tiny-qwen3 and tq_tests (default build-gpu). Where it has none,
 #   the script builds one, which needs the Debian packages of tools/deps.sh; a GPU machine
@@ -70,7 +71,49 @@ ok=0; [ -n "$g" ] && lt "${g%% *}" 1e-4 && ok=1
 [ -n "$g" ] || tail -3 "$out/grads.err"
 row "fp32 first-step grads vs PyTorch (GPU)" "worst rel L2 ${g:-error} (limit 1e-4) $(verdict $ok)"
 
-# 4. benchmark (not a test): step times in the same run
+# 4. data-parallel training, 2 ranks on 2 GPUs (NCCL), against 1 GPU accumulating the same
+#    global batch (--batch-size is each rank's): the fp32 losses agree (the gradient sums differ
+#    only in order), and the tokens/s scaling (not a test; mean step ms after step 5)
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "$ngpu" -lt 2 ] || ! command -v mpirun >/dev/null; then
+  echo "data-parallel check skipped: $([ "$ngpu" -lt 2 ] && echo "$ngpu GPU(s), it needs 2" ||
+    echo "no mpirun (the build needs MPI: libopenmpi-dev)")"
+else
+  d="$out/dp"
+  mkdir -p "$d"
+  awk 'BEGIN { srand(7); for (i = 0; i < 12000; ++i) { n = 3 + int(rand() * 40); line = "";
+    for (j = 0; j < n; ++j) { w = ""; k = 1 + int(rand() * rand() * 7);
+      for (c = 0; c < k; ++c) w = w substr("etaoinshrdlucmfwyp", 1 + int(rand() * rand() * 18), 1);
+      line = line (j ? " " : "") w }
+    printf "{\"text\": \"%s.\"}\n", line } }' >"$d/docs.jsonl"
+  "$tq" tokenizer-train --vocab-size 600 --jsonl "$d/docs.jsonl" --out "$d/tok.json" >/dev/null 2>&1 &&
+    "$tq" prepare --tokenizer "$d/tok.json" --jsonl "$d/docs.jsonl" --val-fraction 0.05 \
+      --out "$d/shards" >/dev/null 2>&1 || echo "error: could not make the data-parallel check's shards"
+  dp=(--data "$d/shards" --preset debugmodel --dtype float32 --batch-size 16 --seq-len 512
+    --steps 20 --optimizer adamw)
+  root_flag=(); [ "$(id -u)" = 0 ] && root_flag=(--allow-run-as-root)
+  timeout 150 "$tq" train --backend cuda "${dp[@]}" --grad-accum 2 --output "$d/one.pt" \
+    >"$d/one.log" 2>&1
+  timeout 150 mpirun -np 2 --oversubscribe "${root_flag[@]}" -x LD_LIBRARY_PATH \
+    "$tq" train --backend cuda "${dp[@]}" --output "$d/two.pt" >"$d/two.log" 2>&1
+  # "step  3/20 | loss 9.123456 | ... | 12.3 ms" -> "3 9.123456 12.3", each step once
+  steps() {
+    awk -F' [|] ' '/^step +[0-9]+\/[0-9]+ [|] loss / { split($1, a, "[ /]+")
+      if (!seen[a[2]]++) { sub(/^loss /, "", $2); sub(/ ms$/, "", $6); print a[2], $2, $6 } }' "$1"
+  }
+  read -r dl n1 n2 <<<"$(join <(steps "$d/one.log" | sort -k1,1) <(steps "$d/two.log" | sort -k1,1) |
+    awk '{ d = $2 - $4; if (d < 0) d = -d; if (d > m) m = d; n++
+           if ($1 > 5) { a += $3; b += $5; k++ } }
+         END { if (n == 20 && a > 0 && b > 0) printf "%.2e %.0f %.0f", m, k * 16384e3 / a, k * 16384e3 / b
+               else print "missing" }')"
+  ok=0; [ "$dl" != missing ] && lt "$dl" 1e-3 && ok=1
+  [ "$ok" = 1 ] || grep -m2 -iE 'error|abort' "$d/two.log" "$d/one.log"
+  row "fp32 20 step losses, 2 GPUs vs 1 (accum 2)" "max |diff| $dl (limit 1e-3) $(verdict $ok)"
+  [ "$dl" != missing ] && row "bench: data-parallel scaling (B=2x16, T=512)" "1 GPU $n1 tok/s, 2 GPUs $n2 tok/s: $(
+    awk -v a="$n1" -v b="$n2" 'BEGIN { printf "%.0f%%", 100 * b / (2 * a) }') efficiency"
+fi
+
+# 5. benchmark (not a test): step times in the same run
 ours() {  # preset dtype B T steps -> "median_ms GFLOP/s" (TorchTitan's count, the speed line)
   timeout 150 "$tq" train --backend cuda --preset "$1" --dtype "$2" --batch-size "$3" --seq-len "$4" \
     --steps "$5" --output "$out/b.pt" 2>&1 |

@@ -18,7 +18,7 @@ cp -f "$out/tests/tq_tests" "$out/tq_tests"
 # everything ldd resolves outside glibc and the CUDA toolkit (the GPU machine brings those)
 for b in "$out/tiny-qwen3" "$out/tq_tests" "$out/libtq_cuda.so"; do
   ldd "$b" | awk '$3 ~ /^\// { print $3 }' | { grep -v "^$out/lib/" || true; } |
-    { grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so|/libcu|/libnv' || true; } |
+    { grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so|/libcu|/libnv|/libnccl' || true; } |
     while read -r lib; do cp -fL "$lib" "$out/lib/"; done
 done
 du -sh "$out/tiny-qwen3" "$out/tq_tests" "$out/libtq_cuda.so" "$out/lib"

@@ -15,5 +15,8 @@ CudaDevice cuda_device(int) {
 const Ops& cuda_ops() {
   throw Error("this build has no CUDA backend");
 }
+const CudaCollectives& cuda_collectives() {
+  throw Error("this build has no CUDA backend: NCCL's collectives come with it");
+}
 
 }  // namespace tq

@@ -6,10 +6,13 @@
 // then widens bf16 weights and steps after backward.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <nccl.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -735,11 +738,120 @@ const Ops& device_ops() {
   return ops;
 }
 
+// ---- NCCL's collectives (CudaCollectives, for src/dist/nccl.cpp) ----
+// Enqueued on the legacy default stream, as the kernels above are: after the gradients they
+// read, before the kernels that read their result, with no event between. A blocking
+// communicator: each call returns once its work is enqueued.
+static_assert(NCCL_UNIQUE_ID_BYTES == 128, "CudaCollectives passes NCCL's unique id as 128 bytes");
+constexpr cudaStream_t kStream = 0;
+
+void nccl_check(ncclResult_t r, const char* what, ncclComm_t comm = nullptr) {
+  if (r == ncclSuccess) return;
+  std::string msg = std::string("NCCL: ") + what + ": " + ncclGetErrorString(r);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+  if (const char* last = ncclGetLastError(comm); last && *last)
+    msg += std::string(" (") + last + ")";
+#else
+  (void)comm;
+#endif
+  throw Error(msg);
+}
+
+// What the void* of CudaCollectives points at: the communicator, and an event recorded after
+// the last operation enqueued (stream order: once it has happened, everything before has).
+struct NcclComm {
+  ncclComm_t comm = nullptr;
+  cudaEvent_t last = nullptr;
+  ~NcclComm() {
+    if (last) cudaEventDestroy(last);
+  }
+};
+NcclComm& as_comm(void* c) {
+  return *static_cast<NcclComm*>(c);
+}
+void enqueued(NcclComm& c, const char* what) {
+  check(cudaGetLastError(), what);
+  check(cudaEventRecord(c.last, kStream), what);
+}
+
+void nccl_unique_id(char id[128]) {
+  ncclUniqueId u;
+  nccl_check(ncclGetUniqueId(&u), "unique id");
+  std::memcpy(id, u.internal, NCCL_UNIQUE_ID_BYTES);
+}
+void* nccl_init(const char* id, int rank, int size) {
+  ncclUniqueId u;
+  std::memcpy(u.internal, id, NCCL_UNIQUE_ID_BYTES);
+  auto c = std::make_unique<NcclComm>();
+  check(cudaEventCreateWithFlags(&c->last, cudaEventDisableTiming), "NCCL's event");
+  nccl_check(
+      ncclCommInitRank(&c->comm, size, u, rank),
+      ("communicator of " + std::to_string(size) + " ranks (rank " + std::to_string(rank) + ")")
+          .c_str());
+  return c.release();
+}
+void nccl_allreduce_sum(void* comm, float* p, size_t n) {
+  NcclComm& c = as_comm(comm);
+  if (n == 0) return;
+  nccl_check(ncclAllReduce(p, p, n, ncclFloat32, ncclSum, c.comm, kStream), "all-reduce", c.comm);
+  enqueued(c, "all-reduce");
+}
+void nccl_allgather(void* comm, void* p, const size_t* off, int size) {
+  NcclComm& c = as_comm(comm);
+  char* base = static_cast<char*>(p);
+  // every rank has the same off[], so each skips the same empty ranges
+  nccl_check(ncclGroupStart(), "group start", c.comm);
+  for (int r = 0; r < size; ++r) {
+    const size_t n = off[r + 1] - off[r];
+    if (n == 0) continue;
+    const ncclResult_t e =
+        ncclBroadcast(base + off[r], base + off[r], n, ncclUint8, r, c.comm, kStream);
+    if (e != ncclSuccess) {
+      ncclGroupEnd();  // the group closed before the error
+      nccl_check(e, "all-gather's broadcast", c.comm);
+    }
+  }
+  nccl_check(ncclGroupEnd(), "all-gather", c.comm);
+  enqueued(c, "all-gather");
+}
+int nccl_done(void* comm) {
+  NcclComm& c = as_comm(comm);
+  if (!c.comm) throw Error("NCCL: the communicator was aborted");
+  ncclResult_t async = ncclSuccess;
+  nccl_check(ncclCommGetAsyncError(c.comm, &async), "communicator state", c.comm);
+  nccl_check(async, "a collective failed", c.comm);
+  const cudaError_t e = cudaEventQuery(c.last);
+  if (e == cudaErrorNotReady) return 0;
+  check(e, "NCCL's collectives");
+  return 1;
+}
+void nccl_abort(void* comm) {
+  NcclComm& c = as_comm(comm);
+  if (c.comm) ncclCommAbort(c.comm);  // the job ends next: its result does not matter
+  c.comm = nullptr;
+}
+void nccl_destroy(void* comm) {
+  std::unique_ptr<NcclComm> c(static_cast<NcclComm*>(comm));
+  // (ncclCommDestroy finalizes first: it waits for the enqueued work.) A failure only leaks:
+  // this runs from a destructor.
+  if (c && c->comm) ncclCommDestroy(c->comm);
+}
+
+const CudaCollectives& collectives() {
+  static const CudaCollectives t = {nccl_unique_id, nccl_init,  nccl_allreduce_sum, nccl_allgather,
+                                    nccl_done,      nccl_abort, nccl_destroy};
+  return t;
+}
+const CudaCollectives* collectives_table() {
+  return &collectives();
+}
+
 }  // namespace
 }  // namespace tq
 
 // The plugin's one exported symbol (the rest is hidden: built with -fvisibility=hidden).
 extern "C" __attribute__((visibility("default"))) const tq::CudaPlugin* tq_cuda_plugin() {
-  static const tq::CudaPlugin p = {tq::kCudaPluginVersion, tq::open_device, tq::device_ops};
+  static const tq::CudaPlugin p = {tq::kCudaPluginVersion, tq::open_device, tq::device_ops,
+                                   tq::collectives_table};
   return &p;
 }

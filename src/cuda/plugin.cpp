@@ -60,5 +60,8 @@ CudaDevice cuda_device(int id) {
 const Ops& cuda_ops() {
   return plugin().ops();
 }
+const CudaCollectives& cuda_collectives() {
+  return *plugin().collectives();
+}
 
 }  // namespace tq
