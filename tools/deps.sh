@@ -5,7 +5,7 @@
 # `deps.sh --bench` those and what the benchmarks use (bc, BLIS for PyTorch).
 set -euo pipefail
 pkgs=(g++ cmake make libopenblas-openmp-dev libdnnl2 libcli11-dev nlohmann-json3-dev zlib1g-dev
-      libpcre2-dev libutf8proc-dev libssl-dev gnuplot-nox)
+      libpcre2-dev libutf8proc-dev libssl-dev gnuplot-nox libopenmpi-dev openmpi-bin)
 case "${1:-}" in
   --test) pkgs+=(libgtest-dev python3-torch clang-format clang-14 libclang-rt-14-dev libomp-14-dev) ;;
   --fuzz) pkgs+=(clang-14 libclang-rt-14-dev libomp-14-dev) ;;

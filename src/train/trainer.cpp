@@ -197,8 +197,15 @@ void check_same_config(dist::Group& g, const RunConfig& rc, const Ops& ops) {
         const std::string theirs = line.compare(0, flag.size() + 1, flag + " ") == 0
                                        ? line.substr(flag.size() + 1)
                                        : "(" + line + ")";
-        differs = flag + " " + (value.empty() ? "''" : value) + " is not rank 0's " +
-                  (theirs.empty() ? "''" : theirs);
+        // (a number as %g reads: the texts differ in some digit, not always the first shown)
+        const auto shown = [](const std::string& x) {
+          char* end = nullptr;
+          const double d = std::strtod(x.c_str(), &end);
+          char b[32];
+          std::snprintf(b, sizeof b, "%.10g", d);
+          return x.empty() ? "''" : !*end && x.find('.') != x.npos ? std::string(b) : x;
+        };
+        differs = flag + " " + shown(value) + " is not rank 0's " + shown(theirs);
         break;
       }
       at = end == root.npos ? root.size() : end + 1;
