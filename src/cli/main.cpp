@@ -20,8 +20,8 @@
 #include "cpu/layers.h"
 #include "cpu/runtime.h"
 #include "cuda/ops.h"
-#include "dist/group.h"
 #include "data/prepare.h"
+#include "dist/group.h"
 #include "infer/commands.h"
 #include "infer/eval.h"
 #include "io/checkpoint.h"
@@ -146,17 +146,18 @@ void resume_into(TrainArgs& a) {
     const int64_t accum = a.has("--grad-accum") ? given.grad_accum : global / ranks;
     if (accum * ranks != global)
       throw Error(a.resume + " trained on " + std::to_string(r.ranks) + " rank(s) x --grad-accum " +
-                  std::to_string(r.grad_accum) + " micro-batches a step; " +
-                  std::to_string(ranks) + " rank(s)" +
+                  std::to_string(r.grad_accum) + " micro-batches a step; " + std::to_string(ranks) +
+                  " rank(s)" +
                   (a.has("--grad-accum") ? " x --grad-accum " + std::to_string(accum) : "") +
                   " do not make that global batch of " + std::to_string(global) +
                   ": resume on a number of ranks that divides it (with --grad-accum " +
                   std::to_string(global) + " / ranks)");
     if (accum != r.grad_accum)
-      std::printf("resume: %lld rank(s) x --grad-accum %lld keep the global batch of %lld "
-                  "micro-batches (%lld rank(s) x %lld before)\n",
-                  (long long)ranks, (long long)accum, (long long)global, (long long)r.ranks,
-                  (long long)r.grad_accum);
+      std::printf(
+          "resume: %lld rank(s) x --grad-accum %lld keep the global batch of %lld "
+          "micro-batches (%lld rank(s) x %lld before)\n",
+          (long long)ranks, (long long)accum, (long long)global, (long long)r.ranks,
+          (long long)r.grad_accum);
     r.grad_accum = accum;
   }
   r.ranks = ranks;
@@ -197,8 +198,9 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
                 (cuda_built() ? ", cuda)" : "; cuda needs a build with the CUDA toolkit)"));
   if (a.device < 0) throw Error("--device must be a GPU index, got " + std::to_string(a.device));
   if (dist::Group::world().distributed() && a.data.empty())
-    throw Error("a job of several ranks trains on text (--data DIR); the walkthrough's fixed "
-                "batch runs in one process: start it without mpirun");
+    throw Error(
+        "a job of several ranks trains on text (--data DIR); the walkthrough's fixed "
+        "batch runs in one process: start it without mpirun");
   if (!std::isfinite(a.timeout) || a.timeout <= 0)
     throw Error("--timeout must be a positive number of seconds, got " + fmt_g(a.timeout));
   const Config& c = preset(a.preset);
@@ -223,10 +225,10 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
                   " trains on text: give --data DIR (shards from "
                   "tiny-qwen3 prepare); the walkthrough's fixed batch trains with sgd");
     for (const char* f :
-         {"--data-order",   "--grad-accum",   "--beta1",       "--beta2",        "--eps",
-          "--weight-decay", "--warmup-steps", "--decay-ratio", "--decay-type",   "--lr-min",
-          "--max-norm",     "--val-every",    "--val-tokens",  "--log-every",    "--metrics",
-          "--save-every",   "--keep",         "--stop-after",  "--sample-every", "--prompt",
+         {"--data-order",    "--grad-accum",     "--beta1",       "--beta2",        "--eps",
+          "--weight-decay",  "--warmup-steps",   "--decay-ratio", "--decay-type",   "--lr-min",
+          "--max-norm",      "--val-every",      "--val-tokens",  "--log-every",    "--metrics",
+          "--save-every",    "--keep",           "--stop-after",  "--sample-every", "--prompt",
           "--sample-tokens", "--shard-optimizer"})
       if (a.has(f))
         throw Error(std::string(f) +
@@ -701,7 +703,7 @@ int main(int argc, char** argv) {
                  "continue the run of this checkpoint (its configuration; --steps may grow)")
       ->check(kPath);
   tr->add_flag("--shard-optimizer", a.shard_optimizer,
-              "under mpirun: each rank keeps 1/N of the master weights and AdamW state (ZeRO-1)");
+               "under mpirun: each rank keeps 1/N of the master weights and AdamW state (ZeRO-1)");
   tr->add_option("--timeout", a.timeout,
                  "under mpirun: seconds a rank waits for the others before ending the job (300)");
   tr->add_option("--dump-first-step", a.dump_first_step,

@@ -1,9 +1,10 @@
 // What every build has: the launch read from mpirun's environment, and the ranks' ranges.
+#include "dist/group.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <string>
 
-#include "dist/group.h"
 #include "model/ops.h"
 
 namespace tq::dist {

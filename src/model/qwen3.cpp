@@ -739,7 +739,7 @@ void Qwen3::backward_pass() {
     grad_done(w.q_norm, 2 * D);
     linear_backward({dxn_}, {qkv_, h16}, {a.xn1}, w.wqkv, C, QKV);
     norm_backward_add(w.attn_norm, dxn_, a.res, a.rstd1);  // dres is now d(res of layer l)
-    if (ready_) ready_(w.wqkv);  // the layer's parameters start at wqkv
+    if (ready_) ready_(w.wqkv);                            // the layer's parameters start at wqkv
   }
   if (dtype_ == DType::bf16 && o.embedding_backward_bf16) {
     o.embedding_backward_bf16(static_cast<uint16_t*>(grads_) + gslot(layout_.tok_emb, c.V * C),

@@ -151,7 +151,7 @@ class Qwen3 {
   void norm_backward_add(size_t off, const float* g, const float* x, const float* rstd);
   bool fused(size_t off) const;  // takes its SGD step in linear_backward (fuse_lr_ > 0)
   float fuse_lr_ = 0;
-  std::function<void(size_t)> ready_;  // on_grads_ready's
+  std::function<void(size_t)> ready_;               // on_grads_ready's
   std::vector<std::pair<size_t, size_t>> unfused_;  // [offset, count) left to sgd_update
   struct LayerActs {
     float *res, *xn1, *rstd1, *qkv, *v, *qrstd, *krstd, *q, *k, *att, *lse, *mid, *xn2, *rstd2, *ab,

@@ -31,9 +31,8 @@ namespace tq::train {
 size_t optimizer_bytes(const RunConfig& rc, size_t params) {
   // master, AdamW's m, v (a rank's share where sharded); the accumulated gradient, a
   // micro-batch's gradient (with accumulation)
-  const size_t shard = rc.shard_optimizer && rc.ranks > 1
-                           ? dist::split_ranges(params, int(rc.ranks))[1]
-                           : params;
+  const size_t shard =
+      rc.shard_optimizer && rc.ranks > 1 ? dist::split_ranges(params, int(rc.ranks))[1] : params;
   return sizeof(float) * (shard * (1 + (rc.optimizer == OptimizerKind::adamw ? 2 : 0)) +
                           params * (1 + (rc.grad_accum > 1)));
 }
@@ -215,8 +214,7 @@ void check_same_config(dist::Group& g, const RunConfig& rc, const Ops& ops) {
   const int32_t bad = !differs.empty();
   std::vector<int32_t> all(size_t(g.size()));
   g.allgather(&bad, all.data(), sizeof bad, "the configuration check");
-  if (bad)
-    throw Error(differs + ": every rank of a job must be given the same train flags");
+  if (bad) throw Error(differs + ": every rank of a job must be given the same train flags");
   for (int r = 0; r < g.size(); ++r)
     if (all[size_t(r)])
       throw Error("rank " + std::to_string(r) +
@@ -289,9 +287,9 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
     std::printf("data parallel: %d ranks x %lld micro-batch(es) of %lld x %lld a step", N,
                 (long long)rc.grad_accum, (long long)rc.B, (long long)rc.T);
     if (shard)
-      std::printf(", optimizer sharded (ZeRO-1): %.1f MiB of master weights and moments a rank",
-                  double(ns) * sizeof(float) * (rc.optimizer == OptimizerKind::adamw ? 3 : 1) /
-                      (1 << 20));
+      std::printf(
+          ", optimizer sharded (ZeRO-1): %.1f MiB of master weights and moments a rank",
+          double(ns) * sizeof(float) * (rc.optimizer == OptimizerKind::adamw ? 3 : 1) / (1 << 20));
     std::printf("\n");
   }
   std::fflush(stdout);
@@ -308,7 +306,7 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
   };
   // the weights go to the model (a bf16 run's: rounded) and this rank's master weights
   const ParamSink to_master = [&, own_master = own_sink(master)](size_t off, const float* x,
-                                                                  size_t k) {
+                                                                 size_t k) {
     model.set_params(x, off, k);
     own_master(off, x, k);
   };
