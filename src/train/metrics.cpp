@@ -17,7 +17,12 @@ std::string step_line(const StepMetrics& m) {
                 "step %*lld/%lld | loss %.6f | lr %.3e | grad norm %.4f | %s tok/s | %.1f ms", w,
                 (long long)m.step, (long long)m.steps, m.loss, m.lr, m.grad_norm,
                 with_commas(int64_t(m.tokens_per_s + 0.5)).c_str(), m.ms);
-  return b;
+  std::string line = b;
+  if (m.comm_ms >= 0) {
+    std::snprintf(b, sizeof b, " | comm %.1f ms", m.comm_ms);
+    line += b;
+  }
+  return line;
 }
 
 MetricsLog::MetricsLog(const std::string& path, int64_t resume_after) : path_(path) {
@@ -50,14 +55,12 @@ void MetricsLog::line(const std::string& json) {
 }
 
 void MetricsLog::step(const StepMetrics& m) {
-  line(nlohmann::json{{"step", m.step},
-                      {"loss", m.loss},
-                      {"lr", m.lr},
-                      {"grad_norm", m.grad_norm},
-                      {"tokens", m.tokens},
-                      {"tokens_per_s", m.tokens_per_s},
-                      {"ms", m.ms}}
-           .dump());
+  nlohmann::json j{{"step", m.step},     {"loss", m.loss},
+                   {"lr", m.lr},         {"grad_norm", m.grad_norm},
+                   {"tokens", m.tokens}, {"tokens_per_s", m.tokens_per_s},
+                   {"ms", m.ms}};
+  if (m.comm_ms >= 0) j["comm_ms"] = m.comm_ms;
+  line(j.dump());
 }
 
 void MetricsLog::validation(int64_t step, uint64_t tokens, double val_loss, uint64_t val_tokens) {

@@ -12,9 +12,13 @@ struct StepMetrics {
   double loss = 0, lr = 0, grad_norm = 0;
   uint64_t tokens = 0;  // trained on so far
   double ms = 0, tokens_per_s = 0;
+  // a data-parallel run's: the step's milliseconds spent waiting for the other ranks (the
+  // all-reduce the backward did not hide, ZeRO-1's gather, a slower rank); -1: one process
+  double comm_ms = -1;
 };
 
 // "step   12/200 | loss 5.123456 | lr 7.60e-04 | grad norm 1.2345 | 4,321 tok/s | 118.5 ms"
+// (data parallel: "... | 118.5 ms | comm 9.1 ms")
 std::string step_line(const StepMetrics& m);
 
 // Appends one JSON object a line, flushed as written (a run stopped mid-way keeps its lines).

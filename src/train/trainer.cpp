@@ -168,6 +168,10 @@ struct Validator {
   }
 };
 
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // A data-parallel step's gradient buckets: PyTorch DDP's default bucket_cap_mb (25 MiB).
 constexpr size_t kBucketBytes = size_t(25) << 20;
 
@@ -471,9 +475,12 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
       int32_t signal, pad;
     } mine{loss, int32_t(signals.caught()), 0};
     std::vector<Share> shares(static_cast<size_t>(N));
+    double comm_ms = -1;
     if (comm) {
+      const auto w0 = std::chrono::steady_clock::now();
       g.allgather(&mine, shares.data(), sizeof(Share), "the step's losses");
       comm->wait("the gradient all-reduce");
+      comm_ms = ms_since(w0);
     } else {
       shares[0] = mine;
     }
@@ -499,15 +506,18 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
                        static_cast<char*>(model.params_arena()) + lo * dtype_size(rc.dtype),
                        rc.dtype == DType::bf16);
     if (shard) {
+      ops.sync();  // (the device's steps are done when the gather starts: not waiting time)
+      const auto w0 = std::chrono::steady_clock::now();
       comm->start_allgather(model.params_arena(), own_bytes);
       comm->wait("the parameters' all-gather");
+      comm_ms += ms_since(w0);
     }
     ops.sync();
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double ms = ms_since(t0);
     rec.losses.push_back(loss);
     rec.steps = s + 1;
-    StepMetrics sm{s + 1, rc.steps, loss, lr, norm, tokens, ms, double(per_step) / ms * 1e3};
+    StepMetrics sm{s + 1,  rc.steps, loss, lr, norm, tokens, ms, double(per_step) / ms * 1e3,
+                   comm_ms};
     log.step(sm);
     if ((s + 1) % rc.log_every == 0 || s + 1 == rc.steps) {
       clear_progress();
