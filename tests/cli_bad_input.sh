@@ -318,6 +318,9 @@ expect_error "train: zero grad-accum" train --data "$dir/shards" --grad-accum 0 
 expect_error "train: beta1 of 1" train --data "$dir/shards" --beta1 1 $out
 expect_error "train: negative max-norm" train --data "$dir/shards" --max-norm -1 $out
 expect_error "train: --dump-first-step with --data" train --data "$dir/shards" --dump-first-step "$dir/d.pt" $out
+expect_error "train: --shard-optimizer without --data" train --shard-optimizer $out
+expect_error "train: a zero --timeout" train --data "$dir/shards" --timeout 0 $out
+expect_error "train: a --timeout that is not a number" train --data "$dir/shards" --timeout nan $out
 cp -r "$dir/shards" "$dir/shards2"
 cp -r "$dir/shards" "$dir/bigvocab" && sed -i 's/"vocab_size": [0-9]*/"vocab_size": 999999/' "$dir/bigvocab/meta.json"
 expect_error "train: shards of a tokenizer larger than the model's vocabulary" train --data "$dir/bigvocab" $out

@@ -59,9 +59,11 @@ struct BackendArray {
   }
 };
 
-// SIGINT and SIGTERM, while a run trains: noted, so that the run saves at the end of the step
-// and stops; the handler then goes back to the default, so that a second signal ends the
-// process at once (the checkpoint being written is a temporary: the last one stays whole).
+// SIGINT, SIGTERM and SIGUSR1 (which mpirun passes on to its ranks, where it ends the job on
+// the other two), while a run trains: noted, so that the run saves at the end of the step and
+// stops (every rank of a job: the step's exchange shares it); the handler then goes back to the
+// default, so that a second signal ends the process at once (the checkpoint being written is a
+// temporary: the last one stays whole).
 volatile std::sig_atomic_t g_signal = 0;
 extern "C" void note_signal(int sig) {
   g_signal = sig;
@@ -77,10 +79,12 @@ class StopSignals {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int_);
     sigaction(SIGTERM, &sa, &old_term_);
+    sigaction(SIGUSR1, &sa, &old_usr1_);
   }
   ~StopSignals() {
     sigaction(SIGINT, &old_int_, nullptr);
     sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGUSR1, &old_usr1_, nullptr);
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
@@ -88,7 +92,7 @@ class StopSignals {
 
  private:
   struct sigaction old_int_ {
-  }, old_term_{};
+  }, old_term_{}, old_usr1_{};
 };
 
 // Tidies a checkpoint folder: removes the temporaries of saves whose process is gone (a run
