@@ -11,6 +11,8 @@
 # `comm` ms (the step's wait for the other rank: all-reduce left after the backward, ZeRO-1's
 # gather, imbalance). Then the all-reduce alone (tq_allreduce_bench) at the gradient's size
 # against the ring model: 2 (N-1)/N x gradient bytes at the bus bandwidth.
+# BUSY=N runs it all with N busy loops beside (each in a session of its own, as a process from
+# another terminal: see bench/under_load.sh), for how the ranks share the machine with others.
 # usage: bench/dist_scaling.sh [PRESET] [B] [T] [STEPS]      e.g. debugmodel 8 128 8
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,7 +26,15 @@ cmake --build "$root/build" -j"$(nproc)" --target tq_allreduce_bench >/dev/null
 mpi=(mpirun -np 2 --oversubscribe)
 [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+busy_stop() {
+  [ -f "$tmp/busy" ] || return 0
+  while read -r pid; do kill "$pid" 2>/dev/null || true; done <"$tmp/busy"
+}
+trap 'busy_stop; rm -rf "$tmp"' EXIT
+for ((i = 0; i < ${BUSY:-0}; i++)); do
+  setsid -f bash -c "echo \$\$ >>'$tmp/busy'; exec timeout 3600 bash -c 'while :; do :; done'" \
+    </dev/null >/dev/null 2>&1
+done
 
 # median of stdin's numbers
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
@@ -43,7 +53,7 @@ timed() {
 }
 
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs;" \
-  "$preset, 2 micro-batches of $B x $T a step, $steps steps"
+  "$preset, 2 micro-batches of $B x $T a step, $steps steps, ${BUSY:-0} busy loop(s) beside"
 printf "%-9s | %8s | %8s %8s %6s | %8s %8s %6s | %8s %6s\n" dtype "1x2 ms" "2x1 ms" comm "speed" \
   "2x1z ms" comm "speed" "alone" "eff"
 common=(--data "$shards" --preset "$preset" --seq-len "$T" --batch-size "$B" --steps "$steps"

@@ -322,9 +322,14 @@ MemoryPlan validate(const TrainArgs& a, std::optional<CudaDevice>* gpu = nullptr
                   cuda ? ", scratch" : "", have / (1 << 30), where);
     throw Error(msg);
   };
-  const double host_need = cuda ? buffers : double(plan.total()) + buffers;
+  // (the ranks mpirun started on this machine share its memory)
+  const int local = dist::launched().local_size;
+  const double host_need = local * (cuda ? buffers : double(plan.total()) + buffers);
   const double host_have = available_memory_bytes();
-  if (host_need > host_have) refuse(host_need, host_have, "in host memory");
+  if (host_need > host_have)
+    refuse(host_need, host_have,
+           local > 1 ? ("in host memory for " + std::to_string(local) + " ranks").c_str()
+                     : "in host memory");
   if (cuda) {
     const CudaDevice d = cuda_device(a.device);  // Error if none
     plan = plan_on(cuda_ops());

@@ -51,6 +51,7 @@ class Group {
   void set_signal_flag(const volatile std::sig_atomic_t* f) { signal_ = f; }
 
   // Host collectives; each waits (deadline), `what` names it in the timeout's line.
+  void barrier(const char* what);
   void broadcast(void* p, size_t bytes, int root, const char* what);
   // out [size][bytes]: every rank's `in`, in rank order
   void allgather(const void* in, void* out, size_t bytes, const char* what);

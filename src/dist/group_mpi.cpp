@@ -112,6 +112,13 @@ void Group::wait_requests(void* requests, int n, const char* what) {
   }
 }
 
+void Group::barrier(const char* what) {
+  if (!mpi_) return;
+  MPI_Request r;
+  MPI_Ibarrier(MPI_COMM_WORLD, &r);
+  wait_requests(&r, 1, what);
+}
+
 void Group::broadcast(void* p, size_t bytes, int root, const char* what) {
   if (!mpi_) return;
   for (size_t at = 0; at < bytes; at += INT_MAX / 2) {

@@ -404,11 +404,15 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
       };
       arenas = {host(all[0]), host(all[1]), host(all[2])};
     }
-    if (R != 0) return;
-    rec.initial_loss = rec.losses.empty() ? NAN : rec.losses.front();
-    rec.final_loss = model.forward(fixed_batch(rc.B, rc.T, c.V));
-    save_run(path, c, rc, meta, arenas, st, rec);
-    if (output_is_folder(rc.output)) tidy_checkpoints(rc.output, rc.keep);
+    if (R == 0) {
+      rec.initial_loss = rec.losses.empty() ? NAN : rec.losses.front();
+      rec.final_loss = model.forward(fixed_batch(rc.B, rc.T, c.V));
+      save_run(path, c, rc, meta, arenas, st, rec);
+      if (output_is_folder(rc.output)) tidy_checkpoints(rc.output, rc.keep);
+    }
+    // no rank ends before the file is whole: mpirun ends the job when a rank exits non-zero
+    // (a stop, a failed run), which would kill rank 0 mid-write
+    g.barrier("the checkpoint's write on rank 0");
   };
 
   // The last micro-batch's backward hands each final gradient range to the all-reduce: copied
