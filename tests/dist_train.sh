@@ -30,15 +30,10 @@ opt=(--oversubscribe -x "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leak
 [ "$(id -u)" -eq 0 ] && opt+=(--allow-run-as-root)
 mpi=("$mpiexec" -np 2 "${opt[@]}")
 
-# made-up documents (several to a row, for block-causal attention) and their shards
-awk 'BEGIN { srand(11); for (d = 0; d < 300; ++d) { n = 3 + int(rand() * 40); line = "";
-  for (i = 0; i < n; ++i) { w = ""; k = 1 + int(rand() * rand() * 7);
-    for (j = 0; j < k; ++j) w = w substr("etaoinshrdlucmfwyp", 1 + int(rand() * rand() * 18), 1);
-    line = line (i ? " " : "") w }
-  printf "{\"text\": \"%s.\"}\n", line } }' >"$dir/docs.jsonl"
-"$bin" tokenizer-train --vocab-size 600 --jsonl "$dir/docs.jsonl" --out "$dir/tok.json" >/dev/null &&
-  "$bin" prepare --tokenizer "$dir/tok.json" --jsonl "$dir/docs.jsonl" --val-fraction 0.1 \
-    --out "$dir/shards" >/dev/null || {
+# shared with the other training scripts: made_up_shards, same_tensors
+# shellcheck source=tests/made_up.sh
+source "$(dirname "$0")/made_up.sh"
+made_up_shards "$bin" "$dir" 11 300 || {
   echo "FAIL: could not make shards"
   exit 1
 }
@@ -51,17 +46,6 @@ close() {
   paste <(losses "$1") <(losses "$2") | awk -v want="$3" '
     { n++; d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > worst) worst = r }
     END { printf "%d steps, largest relative difference %.2g", n, worst; exit !(n == want && worst <= 1e-5) }'
-}
-# Whether two checkpoints hold the same tensors (every data/ record, byte for byte).
-same_tensors() {
-  /usr/bin/python3 - "$1" "$2" <<'PY'
-import sys, zipfile
-a, b = (zipfile.ZipFile(p) for p in sys.argv[1:3])
-def records(z):
-    return {n.split("/", 1)[1]: z.read(n) for n in z.namelist() if "/data/" in n}
-ra, rb = records(a), records(b)
-sys.exit(0 if ra == rb and len(ra) > 10 else 1)
-PY
 }
 eval_loss() { "$bin" eval "$1" --data "$dir/shards" --tokens 2000 --threads 1 --json | grep -o '"loss": *[^,}]*' | cut -d: -f2; }
 

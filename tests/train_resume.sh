@@ -18,33 +18,16 @@ fail() {
   fails=$((fails + 1))
 }
 
-# made-up documents of 3 to 42 words (several to a row: block-causal attention has documents to
-# keep apart), the words of a skewed frequency, so that a tokenizer has something to learn
-awk 'BEGIN { srand(7); for (d = 0; d < 200; ++d) { n = 3 + int(rand() * 40); line = "";
-  for (i = 0; i < n; ++i) { w = ""; k = 1 + int(rand() * rand() * 7);
-    for (j = 0; j < k; ++j) w = w substr("etaoinshrdlucmfwyp", 1 + int(rand() * rand() * 18), 1);
-    line = line (i ? " " : "") w }
-  printf "{\"text\": \"%s.\"}\n", line } }' >"$dir/docs.jsonl"
-"$bin" tokenizer-train --vocab-size 600 --jsonl "$dir/docs.jsonl" --out "$dir/tok.json" >/dev/null &&
-  "$bin" prepare --tokenizer "$dir/tok.json" --jsonl "$dir/docs.jsonl" --val-fraction 0.1 \
-    --out "$dir/shards" >/dev/null || {
+# shared with the other training scripts: made_up_shards, same_tensors
+# shellcheck source=tests/made_up.sh
+source "$(dirname "$0")/made_up.sh"
+made_up_shards "$bin" "$dir" 7 200 || {
   echo "FAIL: could not make shards"
   exit 1
 }
 
 # The records of metrics file $1 without the timings: what must be equal.
 numbers() { sed -E 's/,?"(ms|tokens_per_s)":[^,}]*//g' "$1"; }
-# Whether two checkpoints hold the same tensors (every data/ record, byte for byte).
-same_tensors() {
-  /usr/bin/python3 - "$1" "$2" <<'PY'
-import sys, zipfile
-a, b = (zipfile.ZipFile(p) for p in sys.argv[1:3])
-def records(z):
-    return {n.split("/", 1)[1]: z.read(n) for n in z.namelist() if "/data/" in n}
-ra, rb = records(a), records(b)
-sys.exit(0 if ra == rb and len(ra) > 10 else 1)
-PY
-}
 
 common="--data $dir/shards --threads 2"
 settings=(
