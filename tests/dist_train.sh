@@ -29,6 +29,11 @@ fail() {
 opt=(--oversubscribe -x "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0")
 [ "$(id -u)" -eq 0 ] && opt+=(--allow-run-as-root)
 mpi=("$mpiexec" -np 2 "${opt[@]}")
+# a machine where mpirun cannot start two processes at all is skipped, saying why
+if ! out=$("${mpi[@]}" true 2>&1); then
+  echo "skipped: mpirun cannot start 2 processes here: $(grep -m1 -v '^-*$' <<<"$out")"
+  exit 77
+fi
 
 # shared with the other training scripts: made_up_shards, same_tensors
 # shellcheck source=tests/made_up.sh
