@@ -1,9 +1,15 @@
 // What every build has: the launch read from mpirun's environment, and the ranks' ranges.
 #include "dist/group.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <thread>
 
 #include "model/ops.h"
 
@@ -32,6 +38,47 @@ Launch launched() {
   }
   if (l.size < 1) l.size = 1;
   return l;
+}
+
+void Group::wait_until(const std::function<bool()>& done, const char* what,
+                       const std::function<void()>& on_end) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  // Each test moves the transfer on (MPI's shared memory goes in fragments, one a test), so a
+  // wait first polls back to back, yielding the core where another process wants it; after a
+  // second it sleeps between tests (a rank that is late or gone).
+  for (;;) {
+    if (done()) return;
+    const auto now = clock::now();
+    if (signal_ && (*signal_ == SIGTERM || *signal_ == SIGINT) && !signalled_) {
+      signalled_ = true;
+      signalled_at_ = now;
+    }
+    if (signalled_ && now - signalled_at_ > std::chrono::seconds(5)) {
+      const int sig = *signal_;
+      std::fprintf(stderr,
+                   "error: rank %d: ended by %s while waiting for the other ranks (%s): a rank "
+                   "has stopped, and mpirun ends the job; the last checkpoint stays loadable\n",
+                   rank_, strsignal(sig), what);
+      if (on_end) on_end();
+      std::fflush(stderr);
+      std::_Exit(128 + sig);
+    }
+    const double waited = std::chrono::duration<double>(now - t0).count();
+    if (waited > timeout_) {
+      std::fprintf(stderr,
+                   "error: rank %d: no answer from the other ranks in %g s (%s): a rank died or "
+                   "hangs, so the job ends (--timeout sets the wait); the last checkpoint stays "
+                   "loadable\n",
+                   rank_, timeout_, what);
+      if (on_end) on_end();
+      abort(1);
+    }
+    if (waited < 1)
+      sched_yield();
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 std::vector<size_t> split_ranges(size_t n, int size, size_t align) {

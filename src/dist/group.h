@@ -9,9 +9,11 @@
 //    without waiting so that they overlap the backward pass: MPI on host memory for the CPU
 //    backend, NCCL on device memory for CUDA (src/dist/nccl.cpp).
 #pragma once
+#include <chrono>
 #include <csignal>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,8 +65,12 @@ class Group {
   // Ends every rank of the job now (MPI_Abort), after this rank printed why.
   [[noreturn]] void abort(int code);
 
-  // (MPI internals, for dist/*.cpp) waits for n requests with the deadline; on a timeout or
-  // a signal that ends the job, prints one line and ends the job
+  // Polls done() until it holds, with the deadline: past the timeout, or 5 s after a SIGTERM
+  // or SIGINT reached this rank, prints one line naming `what`, calls on_end (if any) and ends
+  // the job.
+  void wait_until(const std::function<bool()>& done, const char* what,
+                  const std::function<void()>& on_end = {});
+  // (MPI internals, for dist/*.cpp) wait_until the n requests are done
   void wait_requests(void* requests, int n, const char* what);
   // the started, not yet finished requests are polled (progress without waiting)
   bool test_requests(void* requests, int n);
@@ -79,6 +85,8 @@ class Group {
   double timeout_ = 300;
   bool mpi_ = false;
   const volatile std::sig_atomic_t* signal_ = nullptr;
+  bool signalled_ = false;  // since signalled_at_
+  std::chrono::steady_clock::time_point signalled_at_;
 };
 
 // The even split of n elements over `size` ranks: rank r owns [off[r], off[r+1]), multiples

@@ -6,15 +6,12 @@
 #define MPICH_SKIP_MPICXX 1
 #include <malloc.h>
 #include <mpi.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstring>
-#include <thread>
 
 #include "core/common.h"
 #include "dist/group.h"
@@ -74,42 +71,7 @@ bool Group::test_requests(void* requests, int n) {
 }
 
 void Group::wait_requests(void* requests, int n, const char* what) {
-  using clock = std::chrono::steady_clock;
-  const auto t0 = clock::now();
-  auto signalled = clock::time_point::max();
-  // Polled, not MPI_Waitall, to watch the deadline and signals. Each test moves the
-  // transfer on (shared memory goes in fragments, one per test), so a wait first polls back
-  // to back, yielding the core where another process wants it; after a second it sleeps
-  // between tests (a rank that is late or gone).
-  for (;;) {
-    if (test_requests(requests, n)) return;
-    const auto now = clock::now();
-    if (signal_ && (*signal_ == SIGTERM || *signal_ == SIGINT) &&
-        signalled == clock::time_point::max())
-      signalled = now;
-    if (now - signalled > std::chrono::seconds(5)) {
-      const int sig = *signal_;
-      std::fprintf(stderr,
-                   "error: rank %d: ended by %s while waiting for the other ranks (%s): a rank "
-                   "has stopped, and mpirun ends the job; the last checkpoint stays loadable\n",
-                   rank_, strsignal(sig), what);
-      std::fflush(stderr);
-      std::_Exit(128 + sig);
-    }
-    const double waited = std::chrono::duration<double>(now - t0).count();
-    if (waited > timeout_) {
-      std::fprintf(stderr,
-                   "error: rank %d: no answer from the other ranks in %g s (%s): a rank died or "
-                   "hangs, so the job ends (--timeout sets the wait); the last checkpoint stays "
-                   "loadable\n",
-                   rank_, timeout_, what);
-      abort(1);
-    }
-    if (waited < 1)
-      sched_yield();
-    else
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  wait_until([&] { return test_requests(requests, n); }, what);
 }
 
 void Group::barrier(const char* what) {

@@ -3,12 +3,9 @@
 // rank 0's NCCL id to the others: the arrays themselves never cross to the host, NCCL moves them
 // between the GPUs (NVLink, PCIe, the network). Compiled in every build; without CUDA,
 // cuda_collectives() says there is no backend.
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <string>
-#include <thread>
 
 #include "core/common.h"
 #include "cuda/ops.h"
@@ -40,36 +37,23 @@ class NcclArrays final : public ArrayComm {
     pending_ = true;
   }
   void progress() override {}  // NCCL's kernels and proxy thread go on by themselves
-  // Polls `done` against the deadline, as Group::wait_requests polls MPI's requests: a short
-  // spin, then sleeps growing to a millisecond.
+  // `done` polled against the deadline (Group::wait_until); on a failure or a job that ends,
+  // the communicator is aborted first
   void wait(const char* what) override {
     if (!pending_) return;
-    using clock = std::chrono::steady_clock;
-    const auto t0 = clock::now();
-    for (int spin = 0;; ++spin) {
-      int finished = 0;
-      try {
-        finished = c_.done(comm_);
-      } catch (const std::exception& e) {
-        const std::string m = e.what();  // "NCCL: ..." or "CUDA: ..." (the plugin's errors)
-        std::fprintf(stderr, "error: rank %d: NCCL: %s (%s)\n", g_.rank(),
-                     m.c_str() + (m.rfind("NCCL: ", 0) == 0 ? 6 : 0), what);
-        c_.abort(comm_);
-        g_.abort(1);
-      }
-      if (finished) break;
-      if (std::chrono::duration<double>(clock::now() - t0).count() > g_.timeout()) {
-        std::fprintf(stderr,
-                     "error: rank %d: no answer from the other ranks in %g s (%s): a rank died or "
-                     "hangs, so the job ends (--timeout sets the wait); the last checkpoint stays "
-                     "loadable\n",
-                     g_.rank(), g_.timeout(), what);
-        c_.abort(comm_);
-        g_.abort(1);
-      }
-      if (spin > 200)
-        std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, (spin - 200) * 10)));
-    }
+    g_.wait_until(
+        [&] {
+          try {
+            return c_.done(comm_) != 0;
+          } catch (const std::exception& e) {
+            const std::string m = e.what();  // "NCCL: ..." or "CUDA: ..." (the plugin's errors)
+            std::fprintf(stderr, "error: rank %d: NCCL: %s (%s)\n", g_.rank(),
+                         m.c_str() + (m.rfind("NCCL: ", 0) == 0 ? 6 : 0), what);
+            c_.abort(comm_);
+            g_.abort(1);
+          }
+        },
+        what, [&] { c_.abort(comm_); });
     pending_ = false;
   }
 
