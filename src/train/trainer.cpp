@@ -476,7 +476,6 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
       model.backward();  // (a data-parallel step's last: collected and sent by on_grads_ready)
       if (!comm || micro + 1 < rc.grad_accum) collect(0);
     }
-    --micro;
     // The step's agreement: every rank's loss and caught signal, summed in rank order
     struct Share {
       double loss;
