@@ -32,9 +32,6 @@ struct Launch {
 };
 Launch launched();
 
-// This build has MPI (libopenmpi-dev was found): else a launch of size > 1 is refused.
-bool mpi_built();
-
 class Group {
  public:
   // The job's group: MPI started where launched with more than one rank (one thread calls

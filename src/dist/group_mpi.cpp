@@ -18,10 +18,6 @@
 
 namespace tq::dist {
 
-bool mpi_built() {
-  return true;
-}
-
 Group& Group::world() {
   // a static (not leaked): its destructor calls MPI_Finalize at exit, which mpirun expects
   static Group w;
@@ -105,35 +101,30 @@ void Group::allgather(const void* in, void* out, size_t bytes, const char* what)
 void Group::gather_ranges(const float* mine, float* all, const std::vector<size_t>& off, int root,
                           const char* what) {
   const size_t lo = off[size_t(rank_)], hi = off[size_t(rank_) + 1];
-  if (!mpi_) {
-    std::memcpy(all + lo, mine, (hi - lo) * sizeof(float));
-    return;
-  }
-  // point to point, in rounds of at most 2^28 floats a rank (MPI's counts are ints)
-  constexpr size_t kRound = size_t(1) << 28;
-  size_t most = 0;
-  for (int r = 0; r < size_; ++r) most = std::max(most, off[size_t(r) + 1] - off[size_t(r)]);
-  const auto count = [&](int r, size_t at) {
+  if (rank_ == root) std::memcpy(all + lo, mine, (hi - lo) * sizeof(float));
+  if (!mpi_) return;
+  // point to point, in pieces of at most 2^28 floats (MPI's counts are ints), all posted, then
+  // waited for (MPI keeps the order of one pair's messages of a tag)
+  constexpr size_t kPiece = size_t(1) << 28;
+  std::vector<MPI_Request> rq;
+  const auto pieces = [&](int r, auto post) {
     const size_t n = off[size_t(r) + 1] - off[size_t(r)];
-    return int(n > at ? std::min(kRound, n - at) : 0);
+    for (size_t at = 0; at < n; at += kPiece) post(at, int(std::min(kPiece, n - at)));
   };
-  for (size_t at = 0; at < most; at += kRound) {
-    std::vector<MPI_Request> rq;
-    if (rank_ == root) {
-      for (int r = 0; r < size_; ++r) {
-        if (const int k = count(r, at); k && r != root) {
+  if (rank_ == root) {
+    for (int r = 0; r < size_; ++r)
+      if (r != root)
+        pieces(r, [&](size_t at, int k) {
           rq.emplace_back();
           MPI_Irecv(all + off[size_t(r)] + at, k, MPI_FLOAT, r, 7, MPI_COMM_WORLD, &rq.back());
-        } else if (k) {
-          std::memcpy(all + lo + at, mine + at, size_t(k) * sizeof(float));
-        }
-      }
-    } else if (const int k = count(rank_, at)) {
+        });
+  } else {
+    pieces(rank_, [&](size_t at, int k) {
       rq.emplace_back();
       MPI_Isend(mine + at, k, MPI_FLOAT, root, 7, MPI_COMM_WORLD, &rq.back());
-    }
-    if (!rq.empty()) wait_requests(rq.data(), int(rq.size()), what);
+    });
   }
+  if (!rq.empty()) wait_requests(rq.data(), int(rq.size()), what);
 }
 
 namespace {
@@ -154,19 +145,14 @@ class MpiArrays final : public ArrayComm {
     }
   }
   void start_allgather(void* p, const std::vector<size_t>& off) override {
-    const int size = g_.size();
-    size_t most = 0;
-    for (int r = 0; r < size; ++r) most = std::max(most, off[size_t(r) + 1] - off[size_t(r)]);
-    // one broadcast from each rank of its range (MPI_Iallgatherv's displacements are ints),
-    // in rounds of at most 2^30 bytes
-    constexpr size_t kRound = size_t(1) << 30;
+    // one broadcast from each rank of its range (MPI_Iallgatherv's displacements are ints), in
+    // pieces of at most 2^30 bytes
+    constexpr size_t kPiece = size_t(1) << 30;
     char* base = static_cast<char*>(p);
-    for (size_t at = 0; at < most; at += kRound)
-      for (int r = 0; r < size; ++r) {
-        const size_t n = off[size_t(r) + 1] - off[size_t(r)];
-        if (n <= at) continue;
+    for (int r = 0; r < g_.size(); ++r)
+      for (size_t at = off[size_t(r)]; at < off[size_t(r) + 1]; at += kPiece) {
         rq_.emplace_back();
-        MPI_Ibcast(base + off[size_t(r)] + at, int(std::min(kRound, n - at)), MPI_BYTE, r,
+        MPI_Ibcast(base + at, int(std::min(kPiece, off[size_t(r) + 1] - at)), MPI_BYTE, r,
                    MPI_COMM_WORLD, &rq_.back());
       }
   }

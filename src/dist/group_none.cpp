@@ -9,10 +9,6 @@
 
 namespace tq::dist {
 
-bool mpi_built() {
-  return false;
-}
-
 Group& Group::world() {
   static Group* g = [] {
     if (launched().size > 1)

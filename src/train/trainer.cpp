@@ -51,8 +51,13 @@ struct BackendArray {
   }
   BackendArray(const BackendArray&) = delete;
   BackendArray& operator=(const BackendArray&) = delete;
-  ParamSink sink() const {
-    return [this](size_t off, const float* x, size_t k) { ops.upload(p + off, x, k * 4); };
+  // For an array that holds parameters [lo, hi) of the layout (a rank's share; all of them
+  // unsharded): the part of each piece [off, off + k) in that range.
+  ParamSink sink(size_t lo, size_t hi) const {
+    return [this, lo, hi](size_t off, const float* x, size_t k) {
+      const size_t b = std::max(off, lo), e = std::min(off + k, hi);
+      if (b < e) ops.upload(p + (b - lo), x + (b - off), (e - b) * sizeof(float));
+    };
   }
   ParamReader reader() const {
     return [this](size_t off, size_t k, float* out) { ops.download(out, p + off, k * 4); };
@@ -305,22 +310,15 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
   const bool adamw = rc.optimizer == OptimizerKind::adamw;
   const BackendArray master(ops, ns), gacc(ops, n), grad(ops, rc.grad_accum > 1 ? n : 0),
       m(ops, adamw ? ns : 0), v(ops, adamw ? ns : 0);
-  // A sink into an arena of this rank's range [lo, hi): the part of [off, off + k) in it.
-  const auto own_sink = [&](const BackendArray& a) -> ParamSink {
-    return [&a, lo, hi, &ops](size_t off, const float* x, size_t k) {
-      const size_t b = std::max(off, lo), e = std::min(off + k, hi);
-      if (b < e) ops.upload(a.p + (b - lo), x + (b - off), (e - b) * sizeof(float));
-    };
-  };
   // the weights go to the model (a bf16 run's: rounded) and this rank's master weights
-  const ParamSink to_master = [&, own_master = own_sink(master)](size_t off, const float* x,
-                                                                 size_t k) {
+  const ParamSink to_master = [&, own_master = master.sink(lo, hi)](size_t off, const float* x,
+                                                                    size_t k) {
     model.set_params(x, off, k);
     own_master(off, x, k);
   };
   TrainState st;
   if (!rc.resume.empty()) {
-    st = load_run(rc.resume, c, rc, meta, to_master, own_sink(m), own_sink(v));
+    st = load_run(rc.resume, c, rc, meta, to_master, m.sink(lo, hi), v.sink(lo, hi));
     loader.seek(st.epoch, st.position);
     std::printf("resume: %s after step %lld of %lld (epoch %llu, window %llu of %llu)\n",
                 rc.resume.c_str(), (long long)st.step, (long long)rc.steps,
@@ -482,14 +480,12 @@ int run(const RunConfig& rc, const Ops& ops, const std::optional<ModelFile>& ini
       int32_t signal, pad;
     } mine{loss, int32_t(signals.caught()), 0};
     std::vector<Share> shares(static_cast<size_t>(N));
+    const auto w0 = std::chrono::steady_clock::now();
+    g.allgather(&mine, shares.data(), sizeof(Share), "the step's losses");
     double comm_ms = -1;
     if (comm) {
-      const auto w0 = std::chrono::steady_clock::now();
-      g.allgather(&mine, shares.data(), sizeof(Share), "the step's losses");
       comm->wait("the gradient all-reduce");
       comm_ms = ms_since(w0);
-    } else {
-      shares[0] = mine;
     }
     loss = 0;
     int sig = 0;
