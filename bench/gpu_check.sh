@@ -81,14 +81,9 @@ if [ "$ngpu" -lt 2 ] || ! command -v mpirun >/dev/null; then
 else
   d="$out/dp"
   mkdir -p "$d"
-  awk 'BEGIN { srand(7); for (i = 0; i < 12000; ++i) { n = 3 + int(rand() * 40); line = "";
-    for (j = 0; j < n; ++j) { w = ""; k = 1 + int(rand() * rand() * 7);
-      for (c = 0; c < k; ++c) w = w substr("etaoinshrdlucmfwyp", 1 + int(rand() * rand() * 18), 1);
-      line = line (j ? " " : "") w }
-    printf "{\"text\": \"%s.\"}\n", line } }' >"$d/docs.jsonl"
-  "$tq" tokenizer-train --vocab-size 600 --jsonl "$d/docs.jsonl" --out "$d/tok.json" >/dev/null 2>&1 &&
-    "$tq" prepare --tokenizer "$d/tok.json" --jsonl "$d/docs.jsonl" --val-fraction 0.05 \
-      --out "$d/shards" >/dev/null 2>&1 || echo "error: could not make the data-parallel check's shards"
+  # shellcheck source=tests/made_up.sh
+  source "$root/tests/made_up.sh"  # the training tests' made-up documents, 12,000 of them
+  made_up_shards "$tq" "$d" 7 12000 2>/dev/null || echo "error: could not make the data-parallel check's shards"
   dp=(--data "$d/shards" --preset debugmodel --dtype float32 --batch-size 16 --seq-len 512
     --steps 20 --optimizer adamw)
   root_flag=(); [ "$(id -u)" = 0 ] && root_flag=(--allow-run-as-root)
