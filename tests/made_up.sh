@@ -1,4 +1,5 @@
-# What the training scripts share (tests/train_resume.sh, tests/dist_train.sh, bench/gpu_check.sh), sourced by them.
+# What the training scripts share, sourced by them: tests/train_resume.sh, tests/dist_train.sh,
+# bench/gpu_check.sh.
 
 # made_up_shards BIN DIR SEED DOCS: DOCS made-up documents of 3 to 42 words (several to a row:
 # block-causal attention has documents to keep apart), their words of a skewed frequency so
